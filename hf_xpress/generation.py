@@ -1,0 +1,266 @@
+"""xPress inside `target.generate(..., assistant_model=drafter)`.
+
+`XPressCandidateGenerator` builds on transformers' `DFlashTokenCandidateGenerator` (its `DFlashCache`, its
+`model_kwargs_overrides` that make the target keep only the needed hidden states, its mask-token embeddings): per
+round it ingests the newly verified tokens' target features, runs one drafter forward over
+`[anchor, mask x (B-1)]`, then refines the block (`XPressDrafterModel.propose`). Verification, acceptance and the
+bonus token stay transformers' own `_assisted_decoding`, so greedy output is the target's and sampling keeps the
+target's distribution (draft tokens are exact samples of the returned logits).
+
+transformers has no public hook for a third-party candidate generator: `_get_candidate_generator` is a fixed
+if/elif chain. `install()` wraps that one private method, and only for xPress drafters; every other assistant goes
+to the original method untouched. This is the package's only reach into a private transformers API.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList
+from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
+from transformers.generation.logits_process import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
+
+from .configuration_xpress import XPressDrafterConfig
+from .modeling_xpress import check_compatible
+
+
+# Processors that look only at the scores, not at the tokens before them: applied to all slots in one call.
+PREFIX_FREE_PROCESSORS = (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    MinPLogitsWarper,
+    TypicalLogitsWarper,
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+)
+
+
+@dataclass
+class XPressStats:
+    """Acceptance and timing of one `generate` call (`drafter.stats`). Times are seconds, summed over rounds."""
+
+    block_size: int
+    accepted: list[int] = field(default_factory=list)  # accepted drafts per verification round
+    proposed: list[int] = field(default_factory=list)  # drafts proposed per round (B-1 except near max_length)
+    passes: list[int] = field(default_factory=list)  # refinement passes run per round
+    draft_time: float = 0.0  # drafter forward + base logits
+    refine_time: float = 0.0  # seed + Jacobi passes / Markov steps
+    verify_time: float = 0.0  # target forward over the candidates + acceptance
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def tau(self) -> float:
+        """Tokens committed per target verification forward: accepted drafts + 1 bonus token, averaged."""
+        return (sum(self.accepted) / self.rounds + 1.0) if self.rounds else float("nan")
+
+    def slot_acceptance(self) -> list[float]:
+        """Fraction of rounds in which draft slot k (1-based, list index k-1) was accepted."""
+        if not self.rounds:
+            return []
+        return [sum(a >= k for a in self.accepted) / self.rounds for k in range(1, self.block_size)]
+
+    def as_dict(self) -> dict:
+        return {
+            "rounds": self.rounds,
+            "tau": self.tau,
+            "accepted": list(self.accepted),
+            "proposed": list(self.proposed),
+            "passes": list(self.passes),
+            "slot_acceptance": self.slot_acceptance(),
+            "draft_time": self.draft_time,
+            "refine_time": self.refine_time,
+            "verify_time": self.verify_time,
+        }
+
+
+class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
+    """Candidates from an `XPressDrafterModel`: one dFlash forward, then the refiner (see module docstring)."""
+
+    def __init__(
+        self,
+        target: GenerationMixin,
+        assistant_model,
+        generation_config: GenerationConfig,
+        logits_processor: LogitsProcessorList | None = None,
+    ):
+        check_compatible(target.config, assistant_model.config)
+        super().__init__(
+            assistant_model=assistant_model,
+            main_model_input_embeddings=target.get_input_embeddings(),
+            main_model_output_embeddings=target.get_output_embeddings(),
+            generation_config=generation_config,
+            logits_processor=logits_processor,
+        )
+        if generation_config.output_hidden_states:
+            # The user asked for every hidden state: keep them all (a layer subset would break `_split_model_outputs`).
+            self.model_kwargs_overrides = {"output_hidden_states": True}
+        self.config: XPressDrafterConfig = assistant_model.config
+        self.context_length = 0  # target tokens whose features are in the drafter's cache
+        self.mask_embeds: torch.Tensor | None = None
+        self.stats = XPressStats(block_size=self.block_size)
+        assistant_model.stats = self.stats
+        self._proposed_this_round = 0
+        self._verify_start = 0.0
+
+    def _clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def get_candidates(
+        self,
+        input_ids: torch.LongTensor,
+        model_kwargs: dict | None = None,
+        model_outputs=None,
+        is_first_iteration: bool = False,
+        n_last_matches: int = 0,
+        **kwargs,
+    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        """input_ids: `[1, n]` (prompt + committed tokens; the last one is the anchor) -> `[1, n + d]`, logits `[1, d, V]`."""
+        if input_ids.shape[0] != 1:
+            raise ValueError(
+                f"xPress drafting supports batch size 1 (like transformers' assisted generation); got batch size "
+                f"{input_ids.shape[0]}. Call generate once per prompt."
+            )
+        self._proposed_this_round = 0
+        if is_first_iteration:  # the target prefills first; its features arrive with the next call
+            return input_ids, None
+        num_drafts = min(self.block_size - 1, self.main_model_max_length - input_ids.shape[1] - 1)
+        if num_drafts <= 0:  # at most one token left: a plain target step
+            return input_ids, None
+        if model_outputs is None or getattr(model_outputs, "hidden_states", None) is None:
+            raise ValueError("xPress drafting needs the target's hidden states from the previous forward.")
+
+        start = self._clock()
+        hidden = self._draft_forward(input_ids, model_outputs)
+        lm_head = self.main_model_output_embeddings
+        base_logits = lm_head(hidden[:, 1:].to(lm_head.weight.device)).float()
+        drafted = self._clock()
+
+        noise = None
+        if self.do_sample:  # one Gumbel draw per block, shared by the seed and every pass
+            uniform = torch.rand_like(base_logits).clamp_(min=torch.finfo(torch.float32).tiny)
+            noise = -torch.log(-torch.log(uniform))
+        proposal = self.assistant_model.propose(
+            hidden,
+            base_logits,
+            lead_tokens=input_ids[:, -2:].to(base_logits.device),
+            noise=noise,
+            logits_hook=self._logits_hook(input_ids) if self.logits_processor else None,
+        )
+        end = self._clock()
+
+        self.stats.draft_time += drafted - start
+        self.stats.refine_time += end - drafted
+        self.stats.passes.append(proposal.passes)
+        self.stats.proposed.append(num_drafts)
+        self._proposed_this_round = num_drafts
+        self._verify_start = end
+        candidate_ids = torch.cat([input_ids, proposal.tokens[:, :num_drafts].to(input_ids.device)], dim=1)
+        return candidate_ids, proposal.logits[:, :num_drafts]
+
+    def _draft_forward(self, input_ids: torch.LongTensor, model_outputs) -> torch.Tensor:
+        """Add the new target features to the drafter's cache and run the block. Returns hidden `[1, B, H]`."""
+        num_new = input_ids.shape[1] - 1 - self.context_length  # verified tokens before the anchor, not yet cached
+        features = torch.cat(
+            [model_outputs.hidden_states[i + 1][:, :num_new] for i in self.config.target_layer_ids], dim=-1
+        ).to(self.device)
+        if self.mask_embeds is None:
+            self.mask_embeds = self._get_noise_embeds(self.noise_ids_mask.to(input_ids.device)).to(self.device)
+        anchor = self._get_noise_embeds(input_ids[:, -1:]).to(self.device)
+        positions = torch.arange(
+            self.context_length, self.context_length + num_new + self.block_size, device=self.device
+        ).unsqueeze(0)
+        out = self.assistant_model(
+            noise_embeds=torch.cat([anchor, self.mask_embeds], dim=1),
+            context_hidden_states=features,
+            position_ids=positions,
+            cache=self.cache,
+        )
+        self.cache.crop(-self.block_size)  # block keys/values are discarded; the context stays
+        self.context_length += num_new
+        return out.last_hidden_state
+
+    def _logits_hook(self, input_ids: torch.LongTensor):
+        """Apply the generation's logits processors to draft scores, with each slot's own prefix where needed."""
+        processors = self.logits_processor
+        prefix_free = all(type(p) in PREFIX_FREE_PROCESSORS for p in processors)
+
+        def hook(scores: torch.Tensor, start: int, cond: torch.LongTensor | None) -> torch.Tensor:
+            rows = scores[0]
+            if prefix_free:
+                return processors(input_ids.expand(rows.shape[0], -1), rows).unsqueeze(0)
+            out = torch.empty_like(rows)
+            for i in range(rows.shape[0]):
+                prefix = input_ids if cond is None else torch.cat([input_ids, cond[:, : start + i].to(input_ids.device)], 1)
+                out[i] = processors(prefix, rows[i : i + 1])[0]
+            return out.unsqueeze(0)
+
+        return hook
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
+        """Called by transformers after each verification: record the round."""
+        if self._proposed_this_round:
+            self.stats.verify_time += self._clock() - self._verify_start
+            self.stats.accepted.append(int(num_matches))
+            self._proposed_this_round = 0
+
+
+def is_xpress_drafter(model) -> bool:
+    """True for our drafter class, also when loaded as Hub remote code (matched by config `model_type`)."""
+    return getattr(getattr(model, "config", None), "model_type", None) == XPressDrafterConfig.model_type
+
+
+def install() -> None:
+    """Route `generate(assistant_model=<xPress drafter>)` to `XPressCandidateGenerator`. Idempotent.
+
+    `speculation_type="dflash"` keeps transformers' native DFlash generator (drafter alone, no refiner).
+    """
+    original = GenerationMixin._get_candidate_generator
+    if getattr(original, "_hf_xpress", False):
+        return
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def _get_candidate_generator(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        assistant = bound.arguments.get("assistant_model")
+        config = bound.arguments["generation_config"]
+        if is_xpress_drafter(assistant) and config.speculation_type != "dflash":
+            return XPressCandidateGenerator(
+                target=self,
+                assistant_model=assistant,
+                generation_config=config,
+                logits_processor=bound.arguments.get("logits_processor"),
+            )
+        return original(self, *args, **kwargs)
+
+    _get_candidate_generator._hf_xpress = True
+    _get_candidate_generator._hf_xpress_original = original
+    GenerationMixin._get_candidate_generator = _get_candidate_generator
+
+
+def uninstall() -> None:
+    """Restore transformers' own `_get_candidate_generator`."""
+    current = GenerationMixin._get_candidate_generator
+    if getattr(current, "_hf_xpress", False):
+        GenerationMixin._get_candidate_generator = current._hf_xpress_original
+
+
+__all__ = ["XPressCandidateGenerator", "XPressStats", "install", "is_xpress_drafter", "uninstall"]

@@ -267,7 +267,10 @@ def test_jsonl_both_formats(tmp_path: Path) -> None:
     [
         ("not json", "not valid JSON"),
         (json.dumps({"text": "hi"}), "expected"),
-        (json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}), "user turn"),
+        (
+            json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}),
+            "user turn",
+        ),
         (json.dumps({"messages": [{"role": "robot", "content": "a"}]}), "role"),
         (json.dumps({"messages": [{"role": "user", "content": 3}]}), "content"),
     ],
@@ -304,9 +307,48 @@ def test_failed_conversion_leaves_no_folder(tmp_path: Path) -> None:
     fake.write_bytes(b"this is not a gguf file")
     sha = hashlib.sha256(fake.read_bytes()).hexdigest()
     cache = tmp_path / "cache"
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError):  # raised by transformers' GGUF reader
         materialize_smollm2(cache, gguf_path=fake, expected_sha256=sha)
     assert list(cache.iterdir()) == []  # neither the target folder nor a temp folder
+
+
+def _fake_gguf(tmp_path: Path) -> tuple[Path, str]:
+    fake = tmp_path / "fake.gguf"
+    fake.write_bytes(b"fake weights")
+    return fake, hashlib.sha256(b"fake weights").hexdigest()
+
+
+def test_interrupted_conversion_leaves_no_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def half_written(gguf: Path, out: Path) -> None:
+        (out / "config.json").write_text("{}")
+        raise KeyboardInterrupt  # as if the user pressed Ctrl-C in the middle of saving
+
+    monkeypatch.setattr(assets, "_convert_gguf", half_written)
+    fake, sha = _fake_gguf(tmp_path)
+    cache = tmp_path / "cache"
+    with pytest.raises(KeyboardInterrupt):
+        materialize_smollm2(cache, gguf_path=fake, expected_sha256=sha)
+    assert list(cache.iterdir()) == []
+
+
+def test_incomplete_folder_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def convert(gguf: Path, out: Path) -> None:
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_bytes(b"weights")
+
+    monkeypatch.setattr(assets, "_convert_gguf", convert)
+    fake, sha = _fake_gguf(tmp_path)
+    stale = tmp_path / "cache" / DEFAULT_TARGET
+    stale.mkdir(parents=True)
+    (stale / "leftover.bin").write_bytes(b"old")  # e.g. copied by hand, no marker
+    folder = materialize_smollm2(tmp_path / "cache", gguf_path=fake, expected_sha256=sha)
+    assert folder == stale
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "hf_xpress_source.json", "model.safetensors"]
+    assert json.loads((folder / "hf_xpress_source.json").read_text())["gguf_sha256"] == sha
+    assert [p.name for p in folder.parent.iterdir()] == [DEFAULT_TARGET]
+    # Cached now: the GGUF is not needed any more.
+    fake.unlink()
+    assert materialize_smollm2(tmp_path / "cache", gguf_path=fake, expected_sha256=sha) == folder
 
 
 def test_missing_gguf_file(tmp_path: Path) -> None:

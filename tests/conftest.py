@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny randomly initialised targets (Qwen3 and Llama) and drafters built for them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+import hf_xpress  # noqa: F401  (registers the Auto classes and the generate() hook)
+from hf_xpress import XPressDrafterModel
+
+torch.set_num_threads(1)  # tiny models: more threads only add overhead (and thrash under load)
+
+TINY = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=6,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+)
+
+
+def tiny_target(kind: str = "qwen3", seed: int = 0, **overrides):
+    """A tiny random target in fp32, eval mode. EOS is left unset unless given (random models rarely emit it)."""
+    torch.manual_seed(seed)
+    cfg = {**TINY, "bos_token_id": None, "eos_token_id": None, "pad_token_id": None, **overrides}
+    if kind == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(head_dim=16, **cfg))
+    elif kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**cfg))
+    else:
+        raise ValueError(kind)
+    return model.eval()
+
+
+def tiny_drafter(target, refiner: str | None = "xpress", seed: int = 1, **overrides) -> XPressDrafterModel:
+    """A drafter for `target` whose refiner weights are scaled up so the refiner really changes the drafts."""
+    torch.manual_seed(seed)
+    drafter = XPressDrafterModel.from_target(
+        target, refiner=refiner, num_hidden_layers=2, mask_token_id=target.config.vocab_size - 1, **overrides
+    ).eval()
+    if refiner is not None:
+        with torch.no_grad():
+            for name, p in drafter.refiner.named_parameters():
+                p.normal_(0.0, 0.08)  # bias of a few logits, like a trained refiner
+    return drafter
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama"])
+def target(request):
+    return tiny_target(request.param)

@@ -1,0 +1,592 @@
+"""Import of the published layouts (z-lab dFlash, official xPress / Markov `.pt`, transformers' MuseGlimmerAssistant),
+export for vLLM and the round trip back, and clear refusals of corrupt or foreign checkpoints.
+
+Every import test writes a checkpoint in the source's own layout (random weights, tiny sizes), converts it, and
+compares our model with a forward written here from the spec in plain torch (it reads the *source* tensors by their
+source names and never calls hf_xpress modules)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from hf_xpress import XPressDrafterModel
+from hf_xpress import conversion as cv
+
+V, H, INTER, HEADS, KV, HD, TARGET_LAYERS, LAYERS, B, R = 128, 64, 128, 4, 2, 16, 6, 2, 16, 16
+IDS = [1, 3]  # dFlash rule for a 2-layer drafter on a 6-layer target
+MASK = V - 1
+EPS = 1e-6
+THETA = 1_000_000.0
+
+
+# ---- fixtures: a tiny target and checkpoints in the published layouts -----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=V, hidden_size=H, intermediate_size=INTER, num_hidden_layers=TARGET_LAYERS, num_attention_heads=HEADS,
+        num_key_value_heads=KV, head_dim=HD, max_position_embeddings=512, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None,
+    )
+    return Qwen3ForCausalLM(config).eval()
+
+
+def _rand(*shape, std=0.05, mean=0.0):
+    return torch.randn(*shape) * std + mean
+
+
+def zlab_weights(seed: int) -> dict[str, torch.Tensor]:
+    """Tensors named as in z-lab/Qwen3-8B-DFlash-b16 (dflash/model.py, DFlashDraftModel)."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, std=0.08, mean=0.0):
+        return torch.randn(*shape, generator=g) * std + mean
+
+    w = {"fc.weight": r(H, len(IDS) * H), "hidden_norm.weight": r(H, mean=1.0, std=0.1), "norm.weight": r(H, mean=1.0, std=0.1)}
+    for i in range(LAYERS):
+        p = f"layers.{i}."
+        w |= {
+            p + "self_attn.q_proj.weight": r(HEADS * HD, H),
+            p + "self_attn.k_proj.weight": r(KV * HD, H),
+            p + "self_attn.v_proj.weight": r(KV * HD, H),
+            p + "self_attn.o_proj.weight": r(H, HEADS * HD),
+            p + "self_attn.q_norm.weight": r(HD, mean=1.0, std=0.1),
+            p + "self_attn.k_norm.weight": r(HD, mean=1.0, std=0.1),
+            p + "mlp.gate_proj.weight": r(INTER, H),
+            p + "mlp.up_proj.weight": r(INTER, H),
+            p + "mlp.down_proj.weight": r(H, INTER),
+            p + "input_layernorm.weight": r(H, mean=1.0, std=0.1),
+            p + "post_attention_layernorm.weight": r(H, mean=1.0, std=0.1),
+        }
+    return w
+
+
+def zlab_config(**overrides) -> dict:
+    """config.json of z-lab/Qwen3-8B-DFlash-b16, at tiny sizes."""
+    return {
+        "architectures": ["DFlashDraftModel"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "auto_map": {"AutoModel": "dflash.DFlashDraftModel"},
+        "block_size": B,
+        "bos_token_id": 5,
+        "dflash_config": {"mask_token_id": MASK, "target_layer_ids": IDS},
+        "dtype": "bfloat16",
+        "eos_token_id": 6,
+        "head_dim": HD,
+        "hidden_act": "silu",
+        "hidden_size": H,
+        "initializer_range": 0.02,
+        "intermediate_size": INTER,
+        "layer_types": ["full_attention"] * LAYERS,
+        "max_position_embeddings": 40960,
+        "max_window_layers": LAYERS,
+        "model_type": "qwen3",
+        "num_attention_heads": HEADS,
+        "num_hidden_layers": LAYERS,
+        "num_key_value_heads": KV,
+        "num_target_layers": TARGET_LAYERS,
+        "rms_norm_eps": EPS,
+        "rope_scaling": None,
+        "rope_theta": THETA,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "transformers_version": "4.57.3",
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": V,
+        **overrides,
+    }
+
+
+def write_zlab(folder: Path, weights=None, **config_overrides) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(zlab_config(**config_overrides), indent=2))
+    save_file(weights if weights is not None else zlab_weights(0), str(folder / "model.safetensors"))
+    return folder
+
+
+def xpress_refiner_state(seed: int, block: int = B) -> dict[str, torch.Tensor]:
+    """`refiner_state_dict` of the official XPressRefinerHead (refiners/xpress_head.py), persistent `mix.tril` included."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, std=0.3):
+        return torch.randn(*shape, generator=g) * std
+
+    return {
+        "w1.weight": r(V, R),
+        "w2.weight": r(V, R),
+        "down_h.weight": r(R, H),
+        "down_g.weight": r(R, H),
+        "in_proj.weight": r(R, 3 * R),
+        "mix.L": r(R, block, block),
+        "mix.tril": torch.tril(torch.ones(block, block)),
+        "mlp.gate_proj.weight": r(2 * R, R),
+        "mlp.up_proj.weight": r(2 * R, R),
+        "mlp.down_proj.weight": r(R, 2 * R),
+    }
+
+
+def released_args(**overrides) -> argparse.Namespace:
+    """`args` as pickled by the official training script: an argparse.Namespace."""
+    fields = dict(
+        markov_rank=R, mlp_ratio=2, markov_only=False, no_hidden=False, no_perpos=False, no_global=False,
+        no_residual=True, no_mixer=False, no_mlp=False, input_mode="concat", no_sublayer_norm=True, no_mix_out=True,
+        lowrank_lmhead_shared_rank=0, lowrank_base_rank=0, input_relu=False, lr=6e-4, block_size=B,
+    )
+    return argparse.Namespace(**{**fields, **overrides})
+
+
+def write_refiner_pt(path: Path, kind: str = "xpress", draft_seed: int | None = 7, args=None, **state_overrides) -> Path:
+    if kind == "xpress":
+        state = xpress_refiner_state(3)
+    else:
+        g = torch.Generator().manual_seed(4)
+        state = {"w1.weight": torch.randn(V, R, generator=g) * 0.5, "w2.weight": torch.randn(V, R, generator=g) * 0.5}
+    state.update(state_overrides)
+    ckpt = {"args": args if args is not None else released_args(), "refiner_state_dict": state, "global_step": 403_000}
+    if draft_seed is not None:
+        ckpt["draft_state_dict"] = zlab_weights(draft_seed)  # the co-trained drafter
+    torch.save(ckpt, path)
+    return path
+
+
+# ---- the independent forward, from the spec (section 2 and 4) ------------------------------------------------------
+
+
+def rms(x, w, eps=EPS):
+    x = x.float()
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rope(x, positions, theta):
+    """x: [b, heads, n, d] rotated by absolute positions (rotate-half convention)."""
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2).float() / d)
+    freqs = positions.float()[:, None] * inv[None]
+    cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
+    rotated = torch.cat([-x[..., d // 2 :], x[..., : d // 2]], -1)
+    return x * cos + rotated * sin
+
+
+def reference_hidden(w, features, block, theta=THETA, fc="fc.weight", hidden_norm="hidden_norm.weight"):
+    """dFlash drafter: queries from the block, keys/values from cat(context, block), no mask. Returns `[1, q, H]`."""
+    ctx = rms(features @ w[fc].T, w[hidden_norm])
+    c, q = ctx.shape[1], block.shape[1]
+    pos = torch.arange(c + q)
+    h = block.float()
+    for i in range(LAYERS):
+        p = f"layers.{i}."
+        x = rms(h, w[p + "input_layernorm.weight"])
+        kv = torch.cat([ctx, x], 1)
+        Q = rms((x @ w[p + "self_attn.q_proj.weight"].T).view(1, q, HEADS, HD), w[p + "self_attn.q_norm.weight"])
+        K = rms((kv @ w[p + "self_attn.k_proj.weight"].T).view(1, c + q, KV, HD), w[p + "self_attn.k_norm.weight"])
+        Vv = (kv @ w[p + "self_attn.v_proj.weight"].T).view(1, c + q, KV, HD).transpose(1, 2)
+        Q = rope(Q.transpose(1, 2), pos[c:], theta)
+        K = rope(K.transpose(1, 2), pos, theta)
+        K, Vv = K.repeat_interleave(HEADS // KV, 1), Vv.repeat_interleave(HEADS // KV, 1)
+        att = torch.softmax(Q @ K.transpose(-1, -2) / math.sqrt(HD), -1)
+        h = h + (att @ Vv).transpose(1, 2).reshape(1, q, HEADS * HD) @ w[p + "self_attn.o_proj.weight"].T
+        x = rms(h, w[p + "post_attention_layernorm.weight"])
+        h = h + (F.silu(x @ w[p + "mlp.gate_proj.weight"].T) * (x @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+    return rms(h, w["norm.weight"])
+
+
+def reference_xpress_bias(r, h, prev):
+    """Official head: in_proj([down_h(h), down_g(mean h), w1(prev)]) -> x + (L*tril) x -> x + SwiGLU(x) -> w2."""
+    g = h.mean(1, keepdim=True).expand_as(h)
+    x = torch.cat([h @ r["down_h.weight"].T, g @ r["down_g.weight"].T, r["w1.weight"][prev]], -1) @ r["in_proj.weight"].T
+    block = h.shape[1]
+    x = x + torch.einsum("ckj,bjc->bkc", r["mix.L"] * torch.tril(torch.ones(block, block)), x)
+    x = x + (F.silu(x @ r["mlp.gate_proj.weight"].T) * (x @ r["mlp.up_proj.weight"].T)) @ r["mlp.down_proj.weight"].T
+    return x @ r["w2.weight"].T
+
+
+def reference_jacobi(r, h, base, anchor, before_anchor, passes):
+    """refiners/xpress.py `xpress_par_k_refine` (greedy, no lock): seed with argmax, then K parallel passes."""
+    base_full = torch.cat([base[:, :1], base], 1)
+    block = torch.cat([torch.tensor([[anchor]]), base.argmax(-1)], 1)
+    refined = base_full
+    for _ in range(passes):
+        prev = block.roll(1, 1)
+        prev[:, 0] = before_anchor
+        refined = base_full + reference_xpress_bias(r, h, prev)
+        block = torch.cat([block[:, :1], refined[:, 1:].argmax(-1)], 1)
+    return block[:, 1:], refined[:, 1:]
+
+
+def reference_markov(r, base, anchor):
+    """DeepSpec VanillaMarkov.sample_block_tokens (greedy): slot k gets w2(w1[token at k-1]), left to right."""
+    prev, tokens, logits = anchor, [], []
+    for k in range(base.shape[1]):
+        step = base[0, k] + r["w2.weight"] @ r["w1.weight"][prev]
+        prev = int(step.argmax())
+        tokens.append(prev)
+        logits.append(step)
+    return torch.tensor([tokens]), torch.stack(logits)[None]
+
+
+def inputs(target, context_len=9, seed=0):
+    """Target features of a random context (layer outputs = hidden_states[id + 1]) and the block's embeddings."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, V - 1, (1, context_len + 1), generator=g)
+    with torch.no_grad():
+        out = target(ids[:, :-1], output_hidden_states=True)
+    features = torch.cat([out.hidden_states[i + 1] for i in IDS], -1)
+    embed = target.get_input_embeddings()
+    block = embed(torch.cat([ids[:, -1:], torch.full((1, B - 1), MASK)], 1)).detach()
+    return features, block, ids
+
+
+def ours(drafter, features, block):
+    with torch.no_grad():
+        return drafter(noise_embeds=block, context_hidden_states=features).last_hidden_state
+
+
+def logits(target, hidden):
+    return hidden[:, 1:] @ target.get_output_embeddings().weight.T
+
+
+# ---- z-lab dFlash ---------------------------------------------------------------------------------------------------
+
+
+def test_zlab_dflash_folder_converts_to_the_same_logits(tmp_path, target):
+    folder = write_zlab(tmp_path / "Qwen3-tiny-DFlash-b16")
+    assert cv.detect_format(folder) == "dflash"
+    drafter = cv.load_dflash(folder)
+    c = drafter.config
+    assert c.refiner is None and drafter.refiner is None
+    assert (c.block_size, c.mask_token_id, c.target_layer_ids, c.num_target_layers) == (B, MASK, IDS, TARGET_LAYERS)
+    assert (c.bos_token_id, c.eos_token_id, c.rope_parameters["rope_theta"]) == (5, 6, THETA)
+    features, block, _ = inputs(target)
+    w = zlab_weights(0)
+    expected = reference_hidden(w, features, block)
+    torch.testing.assert_close(ours(drafter, features, block), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logits(target, ours(drafter, features, block)), logits(target, expected), rtol=1e-5, atol=1e-5)
+    # a drafter with its own conversion target: depth and vocabulary come from / are checked against it
+    with pytest.raises(cv.ConversionError, match="trained for a 6-layer target"):
+        cv.load_dflash(folder, target=Qwen3Config(num_hidden_layers=8, vocab_size=V))
+
+
+def test_newer_zlab_layout_and_rope_scaling(tmp_path, target):
+    """Newer z-lab releases keep block_size inside dflash_config and write transformers-5 rope_parameters."""
+    cfg = dict(block_size=None, rope_theta=None, rope_parameters={"rope_type": "default", "rope_theta": 10_000.0})
+    raw = zlab_config(**cfg)
+    del raw["block_size"], raw["rope_theta"]
+    raw["dflash_config"]["block_size"] = B
+    folder = tmp_path / "new"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(raw))
+    save_file(zlab_weights(0), str(folder / "model.safetensors"))
+    drafter = cv.load_checkpoint(folder)
+    features, block, _ = inputs(target)
+    torch.testing.assert_close(ours(drafter, features, block), reference_hidden(zlab_weights(0), features, block, 10_000.0), rtol=1e-5, atol=1e-5)
+
+
+# ---- official xPress / Markov refiners ----------------------------------------------------------------------------
+
+
+def test_official_xpress_pt_attaches_with_the_cotrained_drafter(tmp_path, target):
+    base = write_zlab(tmp_path / "zlab")
+    pt = write_refiner_pt(tmp_path / "xpress_refiner_cotrain_403k.pt")
+    drafter = cv.load_checkpoint(pt, base=base, jacobi_passes=B - 1)
+    c = drafter.config
+    assert (c.refiner, c.refiner_rank, c.refiner_mlp_ratio, c.jacobi_passes) == ("xpress", R, 2, B - 1)
+    features, block, ids = inputs(target)
+    cotrained, head = zlab_weights(7), xpress_refiner_state(3)
+    h_ref = reference_hidden(cotrained, features, block)  # the .pt's draft_state_dict, as the official harness loads it
+    h = ours(drafter, features, block)
+    torch.testing.assert_close(h, h_ref, rtol=1e-5, atol=1e-5)
+    base_logits = logits(target, h_ref).detach()
+    anchor, before = int(ids[0, -1]), int(ids[0, -2])
+    # teacher-forced bias for arbitrary previous tokens
+    prev = torch.randint(0, V, (1, B))
+    with torch.no_grad():
+        bias = drafter.refiner(h, prev)
+    torch.testing.assert_close(bias, reference_xpress_bias(head, h_ref, prev)[:, 1:], rtol=1e-4, atol=1e-4)
+    # Jacobi decoding: K passes, with and without the early-stop lock, equal the official rollout
+    for passes in (1, 3, B - 1):
+        ref_tokens, ref_logits = reference_jacobi(head, h_ref, base_logits, anchor, before, passes)
+        for early_stop in (False, True):
+            proposal = drafter.propose(h, base_logits, torch.tensor([[before, anchor]]), passes=passes, early_stop=early_stop)
+            assert torch.equal(proposal.tokens, ref_tokens), (passes, early_stop)
+        torch.testing.assert_close(proposal.logits, ref_logits.float(), rtol=1e-4, atol=1e-4)
+    assert not torch.equal(ref_tokens, base_logits.argmax(-1)), "the refiner should change the drafts in this test"
+
+    # the base drafter's own weights when asked (the z-lab ones)
+    plain = cv.load_checkpoint(pt, base=base, use_cotrained_drafter=False)
+    torch.testing.assert_close(ours(plain, features, block), reference_hidden(zlab_weights(0), features, block), rtol=1e-5, atol=1e-5)
+    # and the converted folder reloads with AutoModel
+    cv.convert(pt, tmp_path / "out", base=base)
+    reloaded = XPressDrafterModel.from_pretrained(tmp_path / "out")
+    assert all(torch.equal(a, b) for a, b in zip(reloaded.state_dict().values(), drafter.state_dict().values()))
+
+
+@pytest.mark.parametrize("deepspec_names", [False, True])
+def test_official_markov_pt_attaches_and_decodes_left_to_right(tmp_path, target, deepspec_names):
+    base = write_zlab(tmp_path / "zlab")
+    pt = write_refiner_pt(tmp_path / "markov.pt", kind="markov", draft_seed=None, args=argparse.Namespace(markov_rank=R))
+    if deepspec_names:  # DeepSpec's VanillaMarkov names
+        ck = torch.load(pt, weights_only=False)
+        ck["refiner_state_dict"] = {"markov_" + k: v for k, v in ck["refiner_state_dict"].items()}
+        torch.save(ck, pt)
+    drafter = cv.load_checkpoint(base, refiner=pt)
+    assert (drafter.config.refiner, drafter.config.refiner_rank) == ("markov", R)
+    head = {k.removeprefix("markov_"): v for k, v in torch.load(pt, weights_only=False)["refiner_state_dict"].items()}
+    features, block, ids = inputs(target)
+    h = ours(drafter, features, block)
+    torch.testing.assert_close(h, reference_hidden(zlab_weights(0), features, block), rtol=1e-5, atol=1e-5)
+    base_logits = logits(target, h).detach()
+    ref_tokens, ref_logits = reference_markov(head, base_logits, int(ids[0, -1]))
+    proposal = drafter.propose(h, base_logits, torch.tensor([[int(ids[0, -2]), int(ids[0, -1])]]))
+    assert torch.equal(proposal.tokens, ref_tokens)
+    torch.testing.assert_close(proposal.logits, ref_logits, rtol=1e-4, atol=1e-4)
+    assert not torch.equal(ref_tokens, base_logits.argmax(-1))
+
+
+# ---- transformers' MuseGlimmerAssistantModel -----------------------------------------------------------------------
+
+
+def write_muse(folder: Path, layer_types="full_attention", seed=11):
+    from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
+
+    torch.manual_seed(seed)
+    config = MuseGlimmerAssistantConfig(
+        hidden_size=H, intermediate_size=INTER, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+        num_key_value_heads=KV, head_dim=HD, rms_norm_eps=EPS, max_position_embeddings=512, sliding_window=32,
+        layer_types=[layer_types] * LAYERS, target_layer_ids=IDS, block_size=B, mask_token_id=MASK,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+        rope_parameters={"rope_type": "default", "rope_theta": 500_000.0},
+    )
+    model = MuseGlimmerAssistantModel(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if "norm" in name else 0.0, 0.1 if "norm" in name else 0.08)
+    model.save_pretrained(folder)
+    return model
+
+
+def test_muse_glimmer_assistant_folder_converts_to_the_same_logits(tmp_path, target):
+    folder = tmp_path / "muse"
+    muse = write_muse(folder)
+    state = load_file(folder / "model.safetensors")
+    assert {"encoder.fc.weight", "encoder.output_norm_enc.weight"} <= set(state)  # the layout we convert from
+    assert cv.detect_format(folder) == "muse_glimmer"
+    with pytest.raises(cv.ConversionError, match="no vocab_size"):
+        cv.load_checkpoint(folder)
+    drafter = cv.load_checkpoint(folder, target=target.config)
+    assert (drafter.config.vocab_size, drafter.config.num_target_layers) == (V, TARGET_LAYERS)
+    features, block, _ = inputs(target)
+    expected = reference_hidden(state, features, block, 500_000.0, fc="encoder.fc.weight", hidden_norm="encoder.output_norm_enc.weight")
+    torch.testing.assert_close(ours(drafter, features, block), expected, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # and transformers' own implementation agrees
+        native = muse(noise_embeds=block, context_hidden_states=features).last_hidden_state
+    torch.testing.assert_close(native, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_sliding_window_layers_are_refused_unless_allowed(tmp_path, target):
+    folder = tmp_path / "muse-swa"
+    write_muse(folder, layer_types="sliding_attention")  # transformers' default for this model
+    with pytest.raises(cv.ConversionError, match="sliding-window attention"):
+        cv.load_checkpoint(folder, target=target.config)
+    drafter = cv.load_checkpoint(folder, target=target.config, allow_sliding_window=True)
+    features, block, _ = inputs(target, context_len=9)  # 9 + 16 <= window 32: the same computation
+    state = load_file(folder / "model.safetensors")
+    expected = reference_hidden(state, features, block, 500_000.0, fc="encoder.fc.weight", hidden_norm="encoder.output_norm_enc.weight")
+    torch.testing.assert_close(ours(drafter, features, block), expected, rtol=1e-5, atol=1e-5)
+    zlab = write_zlab(tmp_path / "zlab-swa", use_sliding_window=True, sliding_window=64, layer_types=["sliding_attention"] * LAYERS)
+    with pytest.raises(cv.ConversionError, match="sliding-window"):
+        cv.load_dflash(zlab)
+
+
+# ---- vLLM export ---------------------------------------------------------------------------------------------------
+
+
+def _vllm_parameter(name: str) -> str:
+    """vLLM's DFlash load_weights: prefix `model.`, stack q/k/v into qkv_proj and gate/up into gate_up_proj."""
+    name = "model." + name
+    for old, new in ((".q_proj", ".qkv_proj"), (".k_proj", ".qkv_proj"), (".v_proj", ".qkv_proj"),
+                     (".gate_proj", ".gate_up_proj"), (".up_proj", ".gate_up_proj")):
+        if old in name and "xpress_head" not in name:
+            return name.replace(old, new)
+    return name
+
+
+VLLM_DFLASH_PARAMETERS = {"model.fc.weight", "model.hidden_norm.weight", "model.norm.weight"} | {
+    f"model.layers.{i}.{n}"
+    for i in range(LAYERS)
+    for n in ("self_attn.qkv_proj.weight", "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+              "mlp.gate_up_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight", "post_attention_layernorm.weight")
+}
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """The same drafter three ways: dFlash alone, + official xPress refiner, + official Markov head."""
+    tmp = tmp_path_factory.mktemp("converted")
+    base = write_zlab(tmp / "zlab")
+    xpress = cv.load_checkpoint(write_refiner_pt(tmp / "x.pt"), base=base, jacobi_passes=4)
+    markov = cv.load_checkpoint(write_refiner_pt(tmp / "m.pt", kind="markov", args=argparse.Namespace(markov_rank=R)), base=base)
+    return {None: cv.load_dflash(base), "xpress": xpress, "markov": markov}
+
+
+@pytest.mark.parametrize("refiner", [None, "xpress", "markov"])
+def test_vllm_export_layout_and_round_trip(tmp_path, target, converted, refiner):
+    drafter = converted[refiner]
+    result = cv.export_vllm(drafter, tmp_path / "vllm")
+    cfg = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    tensors = load_file(tmp_path / "vllm" / "model.safetensors")
+    assert sorted(p.name for p in (tmp_path / "vllm").iterdir()) == ["config.json", "model.safetensors"]
+
+    # the z-lab / vLLM dflash fields
+    assert cfg["model_type"] == "qwen3"
+    assert cfg["dflash_config"] == {"mask_token_id": MASK, "target_layer_ids": IDS}
+    assert (cfg["block_size"], cfg["num_target_layers"], cfg["vocab_size"], cfg["hidden_size"]) == (B, TARGET_LAYERS, V, H)
+    assert (cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (LAYERS, HEADS, KV, HD)
+    assert cfg["rope_theta"] == THETA and cfg["layer_types"] == ["full_attention"] * LAYERS and not cfg["use_sliding_window"]
+    assert Qwen3Config.from_dict(cfg).rope_parameters["rope_theta"] == THETA  # what vLLM's AutoConfig reads
+    drafter_names = {k for k in tensors if not k.startswith(("xpress_head.", "markov_head."))}
+    assert {_vllm_parameter(k) for k in drafter_names} == VLLM_DFLASH_PARAMETERS
+    assert set(drafter_names) == set(zlab_weights(0))
+    assert tensors["fc.weight"].shape == (H, len(IDS) * H)
+    assert result.num_speculative_tokens == B - 1
+
+    if refiner is None:
+        assert cfg["architectures"] == ["DFlashDraftModel"] and result.method == "dflash"
+    elif refiner == "xpress":  # vllm_xpress/convert_xpress_to_vllm.py + the fork's Qwen3XPressForCausalLM.load_weights
+        assert cfg["architectures"] == ["Qwen3XPressModel"] and result.method == "xpress"
+        assert (cfg["xpress_rank"], cfg["xpress_mlp_hidden"], cfg["xpress_block_size"], cfg["xpress_num_passes"]) == (R, 2 * R, B, 4)
+        assert cfg["sample_from_anchor"] is False and cfg["xpress_candidate_topc"] == 0
+        head = {k.removeprefix("xpress_head."): v for k, v in tensors.items() if k.startswith("xpress_head.")}
+        official = xpress_refiner_state(3)
+        assert set(head) == set(official) - {"mix.tril"}
+        for key, value in head.items():
+            assert torch.equal(value, official[key]), key  # raw training tensors; mix.L unfolded
+        folded = official["mix.L"] * torch.tril(torch.ones(B, B)) + torch.eye(B)  # what the fork's fold_from_raw_ makes
+        torch.testing.assert_close(drafter.refiner.mix.folded(), folded)
+    else:  # vLLM's Qwen3DSparkModel
+        assert cfg["architectures"] == ["Qwen3DSparkModel"] and result.method == "dspark"
+        assert cfg["markov_rank"] == R and cfg["sample_from_anchor"] is False
+        assert tensors["markov_head.markov_w1.weight"].shape == tensors["markov_head.markov_w2.weight"].shape == (V, R)
+
+    back = cv.load_checkpoint(tmp_path / "vllm")
+    assert back.config.refiner == refiner and back.config.jacobi_passes == drafter.config.jacobi_passes
+    assert back.state_dict().keys() == drafter.state_dict().keys()
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in drafter.state_dict().items())
+    features, block, ids = inputs(target)
+    h = ours(back, features, block)
+    torch.testing.assert_close(h, ours(drafter, features, block), rtol=0, atol=0)
+    lead = torch.tensor([[int(ids[0, -2]), int(ids[0, -1])]])
+    base_logits = logits(target, h).detach()
+    assert torch.equal(back.propose(h, base_logits, lead).tokens, drafter.propose(h, base_logits, lead).tokens)
+
+    command = result.serve_command("Qwen/Qwen3-8B")
+    assert command.startswith("vllm serve Qwen/Qwen3-8B")
+    spec = json.loads(command.split("--speculative-config '")[1].split("'")[0])
+    assert spec == {"method": result.method, "model": str(tmp_path / "vllm"), "num_speculative_tokens": B - 1}
+
+
+def test_cli_convert_and_export(tmp_path, capsys):
+    base = write_zlab(tmp_path / "zlab")
+    pt = write_refiner_pt(tmp_path / "x.pt")
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    cv.add_convert_parser(sub)
+    cv.add_export_parser(sub)
+    args = parser.parse_args(["convert", str(pt), str(tmp_path / "ours"), "--base", str(base), "--passes", "5"])
+    assert args.func(args) == 0
+    assert XPressDrafterModel.from_pretrained(tmp_path / "ours").config.jacobi_passes == 5
+    args = parser.parse_args(["export", str(tmp_path / "ours"), str(tmp_path / "vllm"), "--serve-target", "Qwen/Qwen3-8B"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "vllm serve Qwen/Qwen3-8B" in out and '"method": "xpress"' in out
+    assert json.loads((tmp_path / "vllm" / "config.json").read_text())["xpress_num_passes"] == 5
+
+
+# ---- corrupt and foreign checkpoints -------------------------------------------------------------------------------
+
+
+def test_refiner_pt_with_arbitrary_objects_is_refused(tmp_path):
+    path = write_refiner_pt(tmp_path / "evil.pt", args=released_args(started=datetime.datetime(2026, 1, 1)))
+    with pytest.raises(cv.ConversionError, match=r"Refusing to load .*datetime"):
+        cv.load_refiner_checkpoint(path)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p.write_bytes(b"not a checkpoint at all"), "Could not read .* as a torch checkpoint"),
+        (lambda p: torch.save({"model": {"w": torch.zeros(1)}}, p), "not an official xPress/Markov refiner checkpoint"),
+        (lambda p: write_refiner_pt(p, args=released_args(no_mixer=True)), "head variant that is not the released one"),
+        (lambda p: write_refiner_pt(p, **{"norm.weight": torch.ones(R)}), "unknown xpress refiner tensors"),
+        (lambda p: write_refiner_pt(p, **{"mix.L": torch.zeros(R, 8, 7)}), r"mix.L has shape"),
+        (lambda p: write_refiner_pt(p, **{"in_proj.weight": torch.zeros(R, 2 * R)}), "inconsistent xPress head shapes"),
+        (lambda p: write_refiner_pt(p, **{"mix.tril": torch.ones(B, B)}), "mix.tril is not lower-triangular"),
+        (lambda p: write_refiner_pt(p, args=released_args(markov_rank=32)), "args.markov_rank = 32"),
+    ],
+)
+def test_corrupt_refiner_checkpoints_are_refused(tmp_path, make, message):
+    path = tmp_path / "bad.pt"
+    make(path)
+    with pytest.raises(cv.ConversionError, match=message):
+        cv.load_refiner_checkpoint(path)
+
+
+def test_truncated_refiner_checkpoint_is_refused(tmp_path):
+    path = write_refiner_pt(tmp_path / "cut.pt")
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(cv.ConversionError, match="Could not read"):
+        cv.load_refiner_checkpoint(path)
+
+
+def test_refiner_for_another_drafter_is_refused(tmp_path):
+    base = write_zlab(tmp_path / "zlab")
+    state = xpress_refiner_state(3, block=8)
+    small = write_refiner_pt(tmp_path / "b8.pt", **{"mix.L": state["mix.L"], "mix.tril": state["mix.tril"]})
+    with pytest.raises(cv.ConversionError, match="trained for block size 8"):
+        cv.load_checkpoint(small, base=base)
+    with pytest.raises(cv.ConversionError, match="pass the drafter it refines as base="):
+        cv.load_checkpoint(small)
+    other = write_refiner_pt(tmp_path / "other.pt")
+    ck = torch.load(other, weights_only=False)
+    ck["draft_state_dict"]["fc.weight"] = torch.zeros(H, 3 * H)
+    torch.save(ck, other)
+    with pytest.raises(cv.ConversionError, match="draft_state_dict does not fit the drafter"):
+        cv.load_checkpoint(other, base=base)
+
+
+def test_foreign_and_corrupt_folders_are_refused(tmp_path, target):
+    target.save_pretrained(tmp_path / "qwen3")
+    with pytest.raises(cv.ConversionError, match="not a dFlash/xPress drafter"):
+        cv.load_checkpoint(tmp_path / "qwen3")
+    with pytest.raises(cv.ConversionError, match="does not exist"):
+        cv.load_checkpoint(tmp_path / "missing")
+    weights = zlab_weights(0)
+    del weights["layers.1.mlp.down_proj.weight"]
+    with pytest.raises(cv.ConversionError, match=r"missing \['layers.1.mlp.down_proj.weight'\]"):
+        cv.load_dflash(write_zlab(tmp_path / "incomplete", weights))
+    broken = write_zlab(tmp_path / "broken")
+    data = (broken / "model.safetensors").read_bytes()
+    (broken / "model.safetensors").write_bytes(data[: len(data) // 3])
+    with pytest.raises(cv.ConversionError, match="Could not read the weights"):
+        cv.load_dflash(broken)
+    (broken / "config.json").write_text("{ not json")
+    with pytest.raises(cv.ConversionError, match="not valid JSON"):
+        cv.load_dflash(broken)
+    causal = write_zlab(tmp_path / "causal", dflash_config={"mask_token_id": MASK, "target_layer_ids": IDS, "causal": True})
+    with pytest.raises(cv.ConversionError, match="causal"):
+        cv.load_dflash(causal)
+    with pytest.raises(ValueError, match="use `hf_xpress.conversion`"):  # our loader points the way
+        XPressDrafterModel.from_pretrained(write_zlab(tmp_path / "zlab"))

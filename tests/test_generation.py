@@ -1,0 +1,260 @@
+"""`target.generate(..., assistant_model=drafter)`: losslessness against plain `generate`, acceptance bookkeeping,
+the native DFlash path, other assistants untouched, streamers, sampling that keeps the target's distribution."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import GenerationMixin
+from transformers.generation.candidate_generator import AssistedCandidateGenerator
+from transformers.generation.streamers import BaseStreamer
+
+from hf_xpress import XPressDrafterModel
+from hf_xpress.generation import XPressCandidateGenerator
+
+from conftest import tiny_drafter, tiny_target
+
+REFINERS = [None, "markov", "xpress"]
+
+
+def _prompts(n: int, seed: int = 0) -> list[torch.Tensor]:
+    """Prompt lengths 1, 2, 3, ..., and one long prompt."""
+    rng = random.Random(seed)
+    lengths = [1, 2, 3, 7, 16, 31, 200][:n] + [rng.randint(4, 60) for _ in range(max(0, n - 7))]
+    return [torch.randint(0, 126, (1, n_)) for n_ in lengths]
+
+
+@pytest.mark.parametrize("refiner", REFINERS)
+@pytest.mark.parametrize("max_new_tokens", [1, 5, 40])
+def test_greedy_equals_plain_generate(target, refiner, max_new_tokens):
+    drafter = tiny_drafter(target, refiner)
+    torch.manual_seed(0)
+    for ids in _prompts(9):
+        plain = target.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+        ours = target.generate(ids, assistant_model=drafter, max_new_tokens=max_new_tokens, do_sample=False)
+        assert torch.equal(plain, ours), (refiner, ids.shape)
+    assert drafter.stats is not None
+
+
+@pytest.fixture
+def oracle(monkeypatch):
+    """Replace the first `good` drafts of each round by the target's true continuation (random `good`), so that
+    rounds accept many tokens. Records the generator instance for inspection."""
+    state = {"continuation": None, "generators": []}
+    original = XPressCandidateGenerator.get_candidates
+    rng = random.Random(0)
+
+    def get_candidates(self, input_ids, **kwargs):
+        ids, logits = original(self, input_ids, **kwargs)
+        state["generators"].append(self)
+        if logits is None:
+            return ids, logits
+        state["last_draft_len"] = input_ids.shape[1]
+        start, n = input_ids.shape[1], ids.shape[1] - input_ids.shape[1]
+        truth = state["continuation"][start : start + n]
+        good = min(rng.randint(0, n), len(truth))
+        ids = ids.clone()
+        ids[0, start : start + good] = truth[:good]
+        if good < n:
+            ids[0, start + good] = (ids[0, start + good] + 1) % 126 if good >= len(truth) else (truth[good] + 1) % 126
+        return ids, logits
+
+    monkeypatch.setattr(XPressCandidateGenerator, "get_candidates", get_candidates)
+    return state
+
+
+@pytest.mark.parametrize("refiner", REFINERS)
+def test_multi_token_acceptance_eos_inside_a_block_and_context_bookkeeping(target, refiner, oracle):
+    drafter = tiny_drafter(target, refiner)
+    ids = torch.randint(0, 126, (1, 9))
+    long_run = target.generate(ids, max_new_tokens=80, do_sample=False)
+    oracle["continuation"] = long_run[0]
+    ours = target.generate(ids, assistant_model=drafter, max_new_tokens=80, do_sample=False)
+    assert torch.equal(ours, long_run)
+    stats = drafter.stats
+    assert max(stats.accepted) >= 5 and stats.tau > 2  # many drafts really were accepted
+    # every new token is an accepted draft or a round's bonus, except the prefill's token and a final plain step
+    # (taken when only one token of budget is left)
+    assert ours.shape[1] - ids.shape[1] - (sum(stats.accepted) + stats.rounds) in (1, 2)
+    assert len(stats.slot_acceptance()) == 15 and stats.slot_acceptance()[0] >= stats.slot_acceptance()[-1]
+
+    # the drafter's cache holds exactly the verified tokens' features, as one forward over them would
+    generator = oracle["generators"][-1]
+    n = generator.context_length
+    assert n == oracle["last_draft_len"] - 1  # every verified token before the last anchor drafted from
+    out = target(ours[:, :n], output_hidden_states=True)
+    feats = torch.cat([out.hidden_states[i + 1] for i in drafter.config.target_layer_ids], dim=-1)
+    from transformers.cache_utils import DynamicCache
+
+    fresh = DynamicCache()
+    drafter(torch.zeros(1, 16, 64), feats, cache=fresh)
+    fresh.crop(-16)
+    for mine, theirs in zip(generator.cache.layers, fresh.layers):
+        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-4)
+
+    # EOS inside an accepted block: the output stops exactly where plain generate stops
+    eos = int(long_run[0, ids.shape[1] + 23])
+    plain = target.generate(ids, max_new_tokens=80, do_sample=False, eos_token_id=eos)
+    ours = target.generate(ids, assistant_model=drafter, max_new_tokens=80, do_sample=False, eos_token_id=eos)
+    assert torch.equal(ours, plain) and plain.shape[1] < long_run.shape[1]
+
+
+def test_native_dflash_path_runs_our_drafter(target):
+    drafter = tiny_drafter(target, None)
+    for ids in _prompts(4):
+        plain = target.generate(ids, max_new_tokens=30, do_sample=False)
+        native = target.generate(ids, assistant_model=drafter, max_new_tokens=30, do_sample=False, speculation_type="dflash")
+        assert torch.equal(plain, native)
+
+
+def test_other_assistants_are_left_to_transformers(monkeypatch):
+    target = tiny_target("llama")
+    assistant = tiny_target("llama", seed=5, num_hidden_layers=1)
+    made = []
+    original = GenerationMixin._get_candidate_generator
+
+    def spy(self, *args, **kwargs):
+        generator = original(self, *args, **kwargs)
+        made.append(type(generator))
+        return generator
+
+    monkeypatch.setattr(GenerationMixin, "_get_candidate_generator", spy)
+    ids = torch.randint(0, 126, (1, 5))
+    out = target.generate(ids, assistant_model=assistant, max_new_tokens=12, do_sample=False)
+    assert torch.equal(out, target.generate(ids, max_new_tokens=12, do_sample=False))
+    target.generate(ids, assistant_model=tiny_drafter(target), max_new_tokens=12, do_sample=False)
+    assert made == [AssistedCandidateGenerator, XPressCandidateGenerator]
+
+
+class _Collect(BaseStreamer):
+    def __init__(self):
+        self.tokens: list[int] = []
+        self.ended = False
+
+    def put(self, value):
+        self.tokens.extend(value.flatten().tolist())
+
+    def end(self):
+        self.ended = True
+
+
+def test_streamer_receives_exactly_the_generated_tokens(target):
+    streamer = _Collect()
+    ids = torch.randint(0, 126, (1, 6))
+    out = target.generate(ids, assistant_model=tiny_drafter(target), max_new_tokens=25, streamer=streamer)
+    assert streamer.ended and streamer.tokens == out[0].tolist()  # prompt first, then each accepted chunk
+
+
+def test_batch_size_above_one_is_a_clear_error(target):
+    with pytest.raises(ValueError, match="batch_size = 1|batch size 1"):
+        target.generate(torch.randint(0, 126, (2, 5)), assistant_model=tiny_drafter(target), max_new_tokens=5)
+
+
+def test_drafter_for_another_target_is_refused_by_generate():
+    target = tiny_target("qwen3")
+    other = tiny_target("qwen3", num_hidden_layers=4)
+    with pytest.raises(ValueError, match="built for another target.*depth: target 6 layers, drafter expects 4"):
+        target.generate(torch.tensor([[1, 2]]), assistant_model=tiny_drafter(other), max_new_tokens=5)
+    wide = tiny_target("llama", hidden_size=32, num_attention_heads=2, num_key_value_heads=1)
+    with pytest.raises(ValueError, match="hidden size: target 64, drafter 32"):
+        target.generate(torch.tensor([[1, 2]]), assistant_model=tiny_drafter(wide), max_new_tokens=5)
+
+
+def test_output_hidden_states_with_return_dict(target):
+    ids = torch.randint(0, 126, (1, 4))
+    out = target.generate(
+        ids, assistant_model=tiny_drafter(target), max_new_tokens=10, return_dict_in_generate=True,
+        output_hidden_states=True, output_scores=True,
+    )
+    plain = target.generate(ids, max_new_tokens=10, return_dict_in_generate=True, output_scores=True)
+    assert torch.equal(out.sequences, plain.sequences)
+    assert len(out.scores) == 10 and len(out.hidden_states) == 10
+
+
+# ---- sampling --------------------------------------------------------------------------------------------------------
+
+V = 4  # tiny vocabulary, so the exact distribution of several tokens can be enumerated
+
+
+def _peaky_pair(seed: int):
+    target = tiny_target("llama", seed=seed, vocab_size=V)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(5.0)  # several likely tokens per step: ~70 cells hold 5+ expected samples
+    torch.manual_seed(seed + 1)
+    drafter = XPressDrafterModel.from_target(target, refiner="xpress", num_hidden_layers=1, mask_token_id=V - 1).eval()
+    with torch.no_grad():
+        for p in drafter.refiner.parameters():
+            p.normal_(0.0, 0.5)
+    return target, drafter
+
+
+@torch.no_grad()
+def _exact_joint(target, prompt: torch.Tensor, n: int, **processing) -> torch.Tensor:
+    """p(x1..xn | prompt) after the generation's temperature / top-k, by enumeration: `[V] * n`."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(do_sample=True, **processing)
+    processors = target._get_logits_processor(config, input_ids_seq_length=prompt.shape[1])
+    joint = torch.ones([1])
+    seqs = prompt
+    for _ in range(n):
+        logits = target(seqs).logits[:, -1].float()
+        probs = torch.softmax(processors(seqs, logits), dim=-1)  # [V^i, V]
+        joint = (joint[:, None] * probs).reshape(-1)
+        seqs = torch.cat([seqs.repeat_interleave(V, 0), torch.arange(V).repeat(seqs.shape[0])[:, None]], dim=1)
+    return joint.reshape([V] * n)
+
+
+def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
+    """Pearson chi-square, cells with expected count < 5 merged into one; returns (statistic, degrees of freedom)."""
+    expected = probs.flatten() * counts.sum()
+    counts = counts.flatten().float()
+    small = expected < 5
+    e = torch.cat([expected[~small], expected[small].sum(0, keepdim=True)])
+    c = torch.cat([counts[~small], counts[small].sum(0, keepdim=True)])
+    keep = e > 0
+    return float(((c[keep] - e[keep]) ** 2 / e[keep]).sum()), int(keep.sum()) - 1
+
+
+def _sample_counts(target, drafter, prompt, n_new, samples, **processing) -> torch.Tensor:
+    counts = torch.zeros([V] * n_new)
+    torch.manual_seed(123)
+    for _ in range(samples):
+        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=n_new, do_sample=True, **processing)
+        counts[tuple(out[0, prompt.shape[1] :].tolist())] += 1
+    return counts
+
+
+# chi-square acceptance bound: dof + 6 * sqrt(2 dof) (p < 1e-6 for these dof); deterministic seeds, so no flakes.
+def _bound(dof: int) -> float:
+    return dof + 6 * (2 * dof) ** 0.5
+
+
+@pytest.mark.parametrize("processing", [dict(top_k=0), dict(temperature=0.7, top_k=3)])
+def test_sampling_keeps_the_target_distribution_and_a_biased_q_is_caught(processing, monkeypatch):
+    """4 new tokens: the first from the prefill, then 2 drafts (slot 2's q depends on slot 1's token through the
+    refiner) and a bonus/correction. 1500 samples; the joint of the 4 tokens (256 cells, ~70 with 5+ expected
+    samples) must match the target's exact joint; 500 samples from a sampler with the wrong q fail the same bound."""
+    target, drafter = _peaky_pair(seed=7)
+    prompt = torch.tensor([[1, 2, 0]])
+    exact = _exact_joint(target, prompt, 4, **processing)
+    counts = _sample_counts(target, drafter, prompt, 4, 1500, **processing)
+    stat, dof = _chi2(counts, exact)
+    assert stat < _bound(dof), (stat, dof)
+    accepted = sum(drafter.stats.accepted)
+    assert drafter.stats.rounds > 0
+
+    # Power check: the same test rejects a sampler whose q is not the distribution the drafts were drawn from
+    original = XPressDrafterModel.propose
+
+    def biased(self, hidden, base_logits, lead_tokens, **kwargs):
+        proposal = original(self, hidden, base_logits, lead_tokens, **kwargs)
+        proposal.logits = base_logits.float()  # claims the unrefined logits as q
+        return proposal
+
+    monkeypatch.setattr(XPressDrafterModel, "propose", biased)
+    counts = _sample_counts(target, drafter, prompt, 4, 500, **processing)
+    stat_biased, dof_biased = _chi2(counts, exact)
+    assert stat_biased > _bound(dof_biased), (stat_biased, dof_biased, accepted)

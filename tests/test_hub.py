@@ -1,0 +1,260 @@
+"""Publishing: the folder `publish` writes is what a Hub repository would hold; it loads in fresh Python processes
+with hf_xpress (AutoModel) and with remote code only (hf_xpress unimportable), and both generate exactly what the
+original drafter generates, draft for draft."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from hf_xpress import XPressDrafterModel
+from hf_xpress import hub
+from hf_xpress.generation import XPressCandidateGenerator
+
+REPO_ID = "tiny-org/Qwen3-tiny-xPress-b8"
+PROMPTS = [[3, 17, 42, 8, 99, 5, 23], [7]]
+MAX_NEW = 24
+RESULTS = {"gsm8k": {"dFlash": 6.48, "dFlash + xPress": 10.11}}
+
+
+def make_target():
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=512, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None,
+    )
+    return Qwen3ForCausalLM(config).eval()
+
+
+def make_drafter(target):
+    torch.manual_seed(1)
+    drafter = XPressDrafterModel.from_target(
+        target, refiner="xpress", num_hidden_layers=2, block_size=8, refiner_rank=16, mask_token_id=127, jacobi_passes=3
+    ).eval()
+    with torch.no_grad():
+        for p in drafter.refiner.parameters():
+            p.normal_(0.0, 0.3)  # a refiner that really changes the drafts
+    return drafter
+
+
+def reference_run(target, drafter, monkeypatch):
+    """Greedy generate with hf_xpress in this process, recording every round's draft tokens."""
+    drafts = []
+    original = XPressCandidateGenerator.get_candidates
+
+    def recording(self, input_ids, **kwargs):
+        ids, logits = original(self, input_ids, **kwargs)
+        if logits is not None:
+            drafts.append(ids[0, input_ids.shape[1] :].tolist())
+        return ids, logits
+
+    monkeypatch.setattr(XPressCandidateGenerator, "get_candidates", recording)
+    runs = []
+    for prompt in PROMPTS:
+        drafts.clear()
+        out = target.generate(torch.tensor([prompt]), assistant_model=drafter, max_new_tokens=MAX_NEW, do_sample=False)
+        runs.append({"tokens": out[0].tolist(), "accepted": list(drafter.stats.accepted), "drafts": list(drafts)})
+    return runs
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hub")
+    target = make_target()
+    target.save_pretrained(tmp / "target")
+    drafter = make_drafter(target)
+    folder = hub.publish(
+        drafter, tmp / "published", target="tiny/Qwen3-tiny", repo_id=REPO_ID, results=RESULTS,
+        training="Random weights, for tests.",
+    )
+    return {"tmp": tmp, "target": target, "drafter": drafter, "folder": Path(folder)}
+
+
+def test_published_folder_holds_weights_config_remote_code_card_and_custom_generate(published):
+    folder = published["folder"]
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    assert files == [
+        "README.md",
+        "config.json",
+        "configuration_xpress.py",
+        "custom_generate/configuration_xpress.py",
+        "custom_generate/generate.py",
+        "custom_generate/modeling_xpress.py",
+        "custom_generate/requirements.txt",
+        "model.safetensors",
+        "modeling_xpress.py",
+        "xpress_card_facts.json",
+    ]
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "xpress_drafter" and config["refiner"] == "xpress"
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_xpress.XPressDrafterConfig",
+        "AutoModel": "modeling_xpress.XPressDrafterModel",
+    }
+    state = load_file(folder / "model.safetensors")
+    original = published["drafter"].state_dict()
+    assert set(state) == set(original) and all(torch.equal(state[k], original[k]) for k in state)
+    package = Path(hub.__file__).parent
+    for name in ("modeling_xpress.py", "configuration_xpress.py"):
+        assert (folder / name).read_text() == (package / name).read_text()
+        assert (folder / "custom_generate" / name).read_text() == (package / name).read_text()
+    card = (folder / "README.md").read_text()
+    assert "base_model: tiny/Qwen3-tiny" in card and "block size 8" in card and "Random weights, for tests." in card
+    assert "| gsm8k | 6.48 | 10.11 |" in card and f'AutoModel.from_pretrained("{REPO_ID}")' in card
+    assert f'custom_generate="{REPO_ID}"' in card
+    generate_py = (folder / "custom_generate" / "generate.py").read_text()
+    assert f"DRAFTER = {REPO_ID!r}" in generate_py
+    imports = [line for line in generate_py.splitlines() if line.startswith(("import ", "from "))]
+    assert all(line.split()[1].split(".")[0] in ("__future__", "types", "dataclasses", "torch", "transformers", "") for line in imports), imports
+
+
+def _run(script: str, cwd: Path, env_extra: dict) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", **env_extra)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script)], cwd=cwd, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )
+
+
+COMMON = """
+    import json, sys
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModel, AutoModelForCausalLM
+    folder, target_dir, out = sys.argv[1:4] if len(sys.argv) > 3 else (FOLDER, TARGET, OUT)
+    target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    PROMPTS, MAX_NEW = {prompts}, {max_new}
+"""
+
+WITH_PACKAGE = COMMON + """
+    import hf_xpress
+    drafter = AutoModel.from_pretrained(folder).eval()
+    runs = []
+    for prompt in PROMPTS:
+        ids = target.generate(torch.tensor([prompt]), assistant_model=drafter, max_new_tokens=MAX_NEW, do_sample=False)
+        runs.append({{"tokens": ids[0].tolist(), "accepted": list(drafter.stats.accepted)}})
+    save_file(drafter.state_dict(), out + ".safetensors")
+    json.dump({{"runs": runs, "module": type(drafter).__module__}}, open(out, "w"))
+"""
+
+REMOTE_ONLY = """
+    import importlib.abc, sys
+
+    class NoHfXpress(importlib.abc.MetaPathFinder):  # the package must not be used, even if installed
+        def find_spec(self, name, path=None, target=None):
+            if name == "hf_xpress" or name.startswith("hf_xpress."):
+                raise ImportError("hf_xpress is blocked in this test")
+            return None
+
+    sys.meta_path.insert(0, NoHfXpress())
+""" + COMMON + """
+    drafter = AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+    runs, self_loaded = [], []
+    for prompt in PROMPTS:
+        ids = target.generate(torch.tensor([prompt]), assistant_model=drafter, custom_generate=folder,
+                              trust_remote_code=True, max_new_tokens=MAX_NEW, do_sample=False)
+        runs.append({{"tokens": ids[0].tolist(), "accepted": list(drafter.stats.accepted), "drafts": drafter.stats.drafts}})
+        # no drafter given: custom_generate loads it (here from the folder, on the Hub from its own repo)
+        ids = target.generate(torch.tensor([prompt]), custom_generate=folder, trust_remote_code=True,
+                              xpress_drafter=folder, max_new_tokens=MAX_NEW, do_sample=False)
+        self_loaded.append(ids[0].tolist())
+    plain = target.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=MAX_NEW, do_sample=False)[0].tolist()
+    assert "_get_candidate_generator" not in vars(target), "the per-call hook must be removed"
+    save_file(drafter.state_dict(), out + ".safetensors")
+    json.dump({{"runs": runs, "self_loaded": self_loaded, "plain": plain, "module": type(drafter).__module__,
+               "hf_xpress_imported": any(m.startswith("hf_xpress") for m in sys.modules)}}, open(out, "w"))
+"""
+
+
+def test_published_folder_loads_in_fresh_processes_and_generates_like_the_original(published, monkeypatch):
+    tmp, folder = published["tmp"], published["folder"]
+    work = tmp / "cwd"  # not the repository: `hf_xpress` is not importable from the working directory
+    work.mkdir(exist_ok=True)
+    fmt = dict(prompts=PROMPTS, max_new=MAX_NEW)
+    args = {"HF_MODULES_CACHE": str(tmp / "modules"), "HF_HOME": str(tmp / "hf_home")}
+    procs = {}
+    for name, script in (("package", WITH_PACKAGE), ("remote", REMOTE_ONLY)):
+        out = tmp / f"{name}.json"
+        script = script.format(**fmt).replace("sys.argv[1:4] if len(sys.argv) > 3 else (FOLDER, TARGET, OUT)", repr((str(folder), str(tmp / "target"), str(out))))
+        procs[name] = (_run(script, work, args), out)
+    reference = reference_run(published["target"], published["drafter"], monkeypatch)  # meanwhile, in this process
+    assert any(any(a > 0 for a in run["accepted"]) or run["drafts"] for run in reference)
+
+    results = {}
+    for name, (proc, out) in procs.items():
+        stdout, stderr = proc.communicate(timeout=240)
+        assert proc.returncode == 0, f"{name} process failed:\n{stderr[-4000:]}"
+        results[name] = json.loads(out.read_text())
+        state = load_file(str(out) + ".safetensors")
+        original = published["drafter"].state_dict()
+        assert set(state) == set(original) and all(torch.equal(state[k], original[k]) for k in state), name
+
+    package, remote = results["package"], results["remote"]
+    assert package["module"] == "hf_xpress.modeling_xpress"
+    assert remote["module"].startswith("transformers_modules.") and not remote["hf_xpress_imported"]
+    for ref, pkg, rem, self_loaded in zip(reference, package["runs"], remote["runs"], remote["self_loaded"]):
+        assert pkg["tokens"] == ref["tokens"] and pkg["accepted"] == ref["accepted"]
+        assert rem["tokens"] == ref["tokens"] and rem["accepted"] == ref["accepted"] and rem["drafts"] == ref["drafts"]
+        assert self_loaded == ref["tokens"]
+    assert remote["plain"] == reference[0]["tokens"]  # greedy speculative decoding is lossless
+
+
+def test_push_to_hub_uploads_exactly_the_published_folder(published, monkeypatch):
+    import huggingface_hub
+
+    calls = {}
+
+    class FakeApi:
+        def __init__(self, token=None):
+            calls["token"] = token
+
+        def create_repo(self, repo_id, private=False, exist_ok=False):
+            calls["create"] = (repo_id, private, exist_ok)
+
+        def upload_folder(self, repo_id, folder_path, commit_message):
+            root = Path(folder_path)
+            calls["files"] = {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+            calls["repo_id"] = repo_id
+            return type("Info", (), {"commit_url": f"https://huggingface.co/{repo_id}/commit/abc"})()
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    url = hub.push_to_hub(
+        published["drafter"], REPO_ID, target="tiny/Qwen3-tiny", results=RESULTS, training="Random weights, for tests.",
+        private=True, token="hf_test",
+    )
+    assert url == f"https://huggingface.co/{REPO_ID}/commit/abc"
+    assert calls["create"] == (REPO_ID, True, True) and calls["repo_id"] == REPO_ID and calls["token"] == "hf_test"
+    local = published["folder"]
+    expected = {str(p.relative_to(local)): p.read_bytes() for p in local.rglob("*") if p.is_file()}
+    assert calls["files"].keys() == expected.keys()
+    for name, data in expected.items():
+        if name != "xpress_card_facts.json":
+            assert calls["files"][name] == data, name
+    # a repo id is recognised as such; an existing or explicit path is a folder
+    assert hub._is_repo_id(REPO_ID) and not hub._is_repo_id(str(local)) and not hub._is_repo_id("./a/b")
+
+
+def test_custom_generate_without_a_drafter_is_a_clear_error(published, tmp_path):
+    folder = hub.publish(published["drafter"], tmp_path / "no-repo", target="tiny/Qwen3-tiny", push=False)
+    text = (Path(folder) / "custom_generate" / "generate.py").read_text()
+    assert 'DRAFTER = "__HF_XPRESS_DRAFTER__"' in text  # published without a repo id: nothing to load by default
+    with pytest.raises(ValueError, match="names no drafter"):
+        published["target"].generate(
+            torch.tensor([PROMPTS[0]]), custom_generate=str(folder), trust_remote_code=True, max_new_tokens=3
+        )
+    with pytest.raises(ValueError, match="must be an xPress drafter"):
+        published["target"].generate(
+            torch.tensor([PROMPTS[0]]), custom_generate=str(folder), trust_remote_code=True, max_new_tokens=3,
+            assistant_model=published["target"],
+        )

@@ -1,0 +1,207 @@
+"""XPressDrafterConfig / XPressDrafterModel: shapes, the dFlash rules, the refiners and the Jacobi property."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.cache_utils import DynamicCache
+
+from hf_xpress import XPressDrafterConfig, XPressDrafterModel, default_target_layer_ids
+from hf_xpress.modeling_xpress import XPressMarkovHead, XPressRefiner
+
+from conftest import tiny_drafter, tiny_target
+
+B = 16
+
+
+# ---- configuration ---------------------------------------------------------------------------------------------------
+
+
+def test_default_target_layer_ids_follow_the_dflash_rule():
+    assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]  # z-lab/Qwen3-8B-DFlash-b16
+    assert default_target_layer_ids(30, 1) == [15]
+    assert default_target_layer_ids(30, 2) == [1, 27]
+    assert XPressDrafterConfig().target_layer_ids == [1, 9, 17, 25, 33]
+
+
+def test_from_target_derives_every_target_field(target):
+    drafter = XPressDrafterModel.from_target(target, num_hidden_layers=3, mask_token_id=5)
+    text = target.config
+    c = drafter.config
+    assert (c.vocab_size, c.hidden_size, c.target_hidden_size) == (text.vocab_size, text.hidden_size, text.hidden_size)
+    assert c.num_target_layers == text.num_hidden_layers == 6
+    assert c.target_layer_ids == default_target_layer_ids(6, 3)
+    assert c.target_model_type == text.model_type
+    assert drafter.fc.weight.shape == (64, 3 * 64)
+    assert not any("embed" in n or "lm_head" in n for n in drafter.state_dict())
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(hidden_size=64, target_hidden_size=32), "must equal target_hidden_size"),
+        (dict(refiner="tree"), "refiner must be one of"),
+        (dict(vocab_size=100, mask_token_id=100), "mask_token_id 100 is outside the vocabulary"),
+        (dict(num_target_layers=6, target_layer_ids=[1, 6]), r"target_layer_ids \[6\] are outside"),
+        (dict(block_size=1), "block_size must be >= 2"),
+        (dict(jacobi_passes=-1), "jacobi_passes must be >= 0"),
+    ],
+)
+def test_config_rejects_inconsistent_fields(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        XPressDrafterConfig(**kwargs)
+
+
+def test_refiner_size_at_qwen3_8b_scale_matches_the_paper():
+    """~80.5M parameters, 96.6% of them in w1 and w2 (spec section 4)."""
+    config = XPressDrafterConfig()  # Qwen3-8B-DFlash-b16 sizes, r = 256
+    with torch.device("meta"):
+        refiner = XPressRefiner(config)
+    total = sum(p.numel() for p in refiner.parameters())
+    io = refiner.w1.weight.numel() + refiner.w2.weight.numel()
+    assert abs(total / 1e6 - 80.5) < 0.1
+    assert abs(io / total - 0.966) < 0.001
+
+
+# ---- refiner ---------------------------------------------------------------------------------------------------------
+
+
+def test_mixer_is_the_masked_sum_plus_residual():
+    torch.manual_seed(0)
+    refiner = XPressRefiner(XPressDrafterConfig(vocab_size=50, hidden_size=32, refiner_rank=8, block_size=5, mask_token_id=1))
+    refiner.mix.L.data.normal_()
+    x = torch.randn(3, 5, 8)
+    L = refiner.mix.L.detach()
+    expected = x.clone()
+    for k in range(5):
+        for j in range(k + 1):
+            expected[:, k] += L[:, k, j] * x[:, j]
+    torch.testing.assert_close(refiner.mix(x), expected)
+
+
+def test_refiner_is_strictly_causal_in_tokens():
+    """Slot k's bias depends on the tokens before slot k only: prev_tokens[:, :k+1]."""
+    drafter = tiny_drafter(tiny_target("qwen3"))
+    hidden = torch.randn(1, B, 64)
+    prev = torch.randint(0, 128, (1, B))
+    base = drafter.refiner(hidden, prev)
+    for j in range(1, B):
+        changed = prev.clone()
+        changed[0, j] = (changed[0, j] + 1) % 128
+        delta = drafter.refiner(hidden, changed)
+        torch.testing.assert_close(delta[:, : j - 1], base[:, : j - 1])  # slots < j unchanged
+        assert not torch.allclose(delta[:, j - 1], base[:, j - 1])  # slot j reads the token before it
+
+
+def _sequential_xpress(drafter, hidden, base_logits, lead, noise=None):
+    """Left-to-right decode of the xPress refiner, one slot at a time (the Jacobi fixed point)."""
+    tokens = torch.zeros(1, B - 1, dtype=torch.long)
+    for k in range(1, B):
+        prev = torch.cat([lead, tokens[:, :-1]], dim=1)
+        scores = base_logits[:, k - 1] + drafter.refiner(hidden, prev)[:, k - 1]
+        if noise is not None:
+            scores = scores + noise[:, k - 1]
+        tokens[0, k - 1] = scores.argmax(-1)
+    return tokens
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_jacobi_reaches_the_sequential_decode_and_k0_is_the_drafter_argmax(sample):
+    torch.manual_seed(3)
+    drafter = tiny_drafter(tiny_target("llama"))
+    hidden = torch.randn(1, B, 64)
+    base_logits = torch.randn(1, B - 1, 128) * 2
+    lead = torch.randint(0, 128, (1, 2))
+    noise = -torch.log(-torch.log(torch.rand(1, B - 1, 128))) if sample else None
+    sequential = _sequential_xpress(drafter, hidden, base_logits, lead, noise)
+    seed = (base_logits + (0 if noise is None else noise)).argmax(-1)
+    k0 = drafter.propose(hidden, base_logits, lead, passes=0, noise=noise)
+    assert torch.equal(k0.tokens, seed) and k0.passes == 0
+    full = drafter.propose(hidden, base_logits, lead, passes=B - 1, early_stop=False, noise=noise)
+    assert torch.equal(full.tokens, sequential)
+    assert not torch.equal(sequential, seed)  # the refiner really changed the block
+    # the returned logits are the ones the tokens were drawn from (q used in rejection sampling)
+    assert torch.equal((full.logits + (0 if noise is None else noise)).argmax(-1), full.tokens)
+    # after k passes the first k slots are exact
+    for k in range(1, B - 1):
+        partial = drafter.propose(hidden, base_logits, lead, passes=k, early_stop=False, noise=noise)
+        assert torch.equal(partial.tokens[:, :k], sequential[:, :k])
+
+
+@pytest.mark.parametrize("passes", [1, 2, 4, 6, 15])
+def test_early_stop_and_lock_give_exactly_the_k_pass_result(passes):
+    torch.manual_seed(passes)
+    drafter = tiny_drafter(tiny_target("qwen3"))
+    for _ in range(5):
+        hidden = torch.randn(1, B, 64)
+        base_logits = torch.randn(1, B - 1, 128) * 3
+        lead = torch.randint(0, 128, (1, 2))
+        plain = drafter.propose(hidden, base_logits, lead, passes=passes, early_stop=False)
+        fast = drafter.propose(hidden, base_logits, lead, passes=passes, early_stop=True)
+        assert torch.equal(plain.tokens, fast.tokens)
+        torch.testing.assert_close(plain.logits, fast.logits)
+        assert fast.passes <= plain.passes == passes
+
+
+def test_markov_head_decodes_left_to_right():
+    torch.manual_seed(4)
+    drafter = tiny_drafter(tiny_target("qwen3"), refiner="markov")
+    assert isinstance(drafter.refiner, XPressMarkovHead)
+    base_logits = torch.randn(1, B - 1, 128)
+    lead = torch.randint(0, 128, (1, 2))
+    out = drafter.propose(torch.randn(1, B, 64), base_logits, lead)
+    prev = lead[:, 1]
+    for k in range(B - 1):
+        expected = (base_logits[:, k] + drafter.refiner(prev[:, None])[:, 0]).argmax(-1)
+        assert out.tokens[0, k] == expected[0]
+        prev = expected
+    assert out.passes == B - 1
+
+
+# ---- drafter forward -------------------------------------------------------------------------------------------------
+
+
+def _features(target, ids, layer_ids):
+    out = target(ids, output_hidden_states=True)
+    return torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+def test_block_attends_bidirectionally_and_context_incrementally(target):
+    """Feeding the context in pieces through the cache equals one forward over all of it."""
+    drafter = tiny_drafter(target)
+    ids = torch.randint(0, 127, (1, 20))
+    feats = _features(target, ids, drafter.config.target_layer_ids)
+    block = target.get_input_embeddings()(torch.tensor([[5] + [127] * (B - 1)]))
+    one_shot = drafter(block, feats, position_ids=torch.arange(20 + B)[None]).last_hidden_state
+
+    cache = DynamicCache()
+    for lo, hi in [(0, 7), (7, 8), (8, 20)]:
+        out = drafter(block, feats[:, lo:hi], position_ids=torch.arange(lo, hi + B)[None], cache=cache)
+        cache.crop(-B)
+    torch.testing.assert_close(out.last_hidden_state, one_shot, rtol=1e-4, atol=1e-5)
+
+    # bidirectional inside the block: the last slot's input changes the first slot's output
+    changed = block.clone()
+    changed[:, -1] += 1.0
+    again = drafter(changed, feats, position_ids=torch.arange(20 + B)[None]).last_hidden_state
+    assert not torch.allclose(again[:, 0], one_shot[:, 0])
+
+
+def test_boolean_mask_hides_what_it_masks(target):
+    drafter = tiny_drafter(target)
+    feats = _features(target, torch.randint(0, 127, (1, 12)), drafter.config.target_layer_ids)
+    block = torch.randn(1, B, 64)
+    mask = torch.ones(1, 1, B, 12 + B, dtype=torch.bool)
+    mask[..., 6:12] = False  # hide context rows 6..11
+    pos = torch.arange(12 + B)[None]
+    ref = drafter(block, feats, attention_mask=mask, position_ids=pos).last_hidden_state
+    noisy = feats.clone()
+    noisy[:, 6:] += torch.randn_like(noisy[:, 6:])
+    out = drafter(block, noisy, attention_mask=mask, position_ids=pos).last_hidden_state
+    torch.testing.assert_close(out, ref)
+
+
+def test_context_of_the_wrong_width_is_a_clear_error(target):
+    drafter = tiny_drafter(target)
+    with pytest.raises(ValueError, match="context_hidden_states has width 64"):
+        drafter(torch.randn(1, B, 64), torch.randn(1, 3, 64))

@@ -1,0 +1,284 @@
+"""Training: losses, packed-block mask, Jacobi consistency rounds, resume-after-kill, smoke run, data round trip."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_xpress import XPressDrafterModel
+from hf_xpress import training as T
+
+V = 128
+
+
+def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=512, bos_token_id=None, eos_token_id=None,
+                      pad_token_id=None)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def make_dataset(folder: Path, target, num_seqs: int = 24, length: int = 48, seed: int = 0) -> T.Dataset:
+    """Random-token sequences with a repeating pattern (learnable), labelled by `target`."""
+    rng = np.random.default_rng(seed)
+    seqs = []
+    for i in range(num_seqs):
+        base = rng.integers(3, V - 2, size=6)
+        ids = np.tile(base, length // 6 + 1)[: length - i % 5].tolist()
+        seqs.append((f"s{i}", ids, 4))
+    T.write_sequences(folder, seqs, V, {"sources": "test"})
+    return T.label_dataset(target, folder, layer_ids=None, cache_dir=None, chunk=8, max_batch_tokens=256)
+
+
+# ---- losses ---------------------------------------------------------------------------------------------------------
+
+
+def test_position_weights_and_losses_by_hand():
+    w = T.position_weights(3, gamma=7.0)
+    assert torch.allclose(w, torch.tensor([1.0, math.exp(-1 / 7), math.exp(-2 / 7)]))
+
+    logits = torch.tensor([[[math.log(3.0), 0.0], [0.0, 0.0]]])  # q = [0.75, 0.25], [0.5, 0.5]
+    p = torch.tensor([[[0.5, 0.5], [1.0, 0.0]]])
+    labels = torch.tensor([[0, 1]])
+    ce = T.slot_ce(logits, labels)
+    assert torch.allclose(ce, torch.tensor([[-math.log(0.75), -math.log(0.5)]]), atol=1e-6)
+    tv = T.slot_tv(logits, p)
+    assert torch.allclose(tv, torch.tensor([[0.25, 0.5]]), atol=1e-6)
+
+    weights = torch.tensor([1.0, 0.5])
+    valid = torch.tensor([[True, True]])
+    per = 0.1 * ce + 0.9 * tv
+    expected = (per[0, 0] * 1.0 + per[0, 1] * 0.5) / 1.5
+    assert torch.allclose(T.mixed_loss(logits, p, labels, valid, weights), expected, atol=1e-6)
+    # an invalid slot drops out of numerator and denominator
+    only_first = T.mixed_loss(logits, p, labels, torch.tensor([[True, False]]), weights)
+    assert torch.allclose(only_first, per[0, 0], atol=1e-6)
+    assert torch.allclose(T.dflash_loss(logits, labels, valid, weights), (ce[0, 0] + 0.5 * ce[0, 1]) / 1.5, atol=1e-6)
+
+
+def test_acceptance_estimate():
+    correct = torch.tensor([[True, True, False], [True, False, True]])
+    valid = torch.ones_like(correct)
+    est = T.acceptance_estimate(correct, valid)
+    assert est["slot_acc"] == [1.0, 0.5, 0.5]
+    assert est["tau_est"] == pytest.approx(1 + 1.0 + 0.5 + 0.25)
+    assert est["tau_block"] == pytest.approx(1 + (2 + 1) / 2)
+
+
+# ---- packed blocks --------------------------------------------------------------------------------------------------
+
+
+def test_packed_mask_layout():
+    mask = T.packed_block_mask([[3, 5]], context_len=8, block_size=2, max_blocks=3)[0, 0]
+    assert mask.shape == (6, 8 + 6)
+    assert mask[0, :3].all() and not mask[0, 3:8].any()  # block 0 sees context < 3
+    assert mask[2, :5].all() and not mask[2, 5:8].any()  # block 1 sees context < 5
+    assert mask[0, 8:10].all() and not mask[0, 10:].any()  # its own slots only
+    assert mask[3, 10:12].all() and not mask[3, 8:10].any() and not mask[3, 12:].any()
+    assert not mask[4, :8].any() and mask[4, 12:14].all()  # padding block: itself only
+
+
+def test_packed_blocks_see_no_future_context_and_no_other_block():
+    target = tiny_llama()
+    drafter = XPressDrafterModel.from_target(target, refiner="xpress", num_hidden_layers=2, mask_token_id=V - 1,
+                                             refiner_rank=8).eval()
+    L = 40
+    tok = torch.randint(3, V - 1, (L,))
+    seq = [(tok, tok.clone(), 2)]
+    feats = torch.randn(L, 2 * 64)
+    finals = torch.randn(L, 64)
+    gen = torch.Generator().manual_seed(0)
+    packed = T.pack_blocks(drafter, target.get_input_embeddings(), target.get_output_embeddings(), seq, [feats],
+                           [finals], anchors_per_seq=4, generator=gen)
+    anchors = packed.position_ids[0, L::16].tolist()
+    with torch.no_grad():
+        h0, _ = T.drafter_outputs(drafter, target.get_output_embeddings(), packed)
+        for i, a in enumerate(anchors):
+            perturbed = packed.context.clone()
+            perturbed[0, a:] += 5 * torch.randn_like(perturbed[0, a:])  # the anchor's own and later target states
+            noise = packed.noise_embeds.clone()
+            for j in range(len(anchors)):
+                if j != i:  # every other block's inputs
+                    noise[0, j * 16 : (j + 1) * 16] += 3 * torch.randn(16, 64)
+            changed = T.PackedInput(noise, perturbed, packed.mask, packed.position_ids, packed.block_index,
+                                    packed.blocks, packed.num_tokens)
+            h1, _ = T.drafter_outputs(drafter, target.get_output_embeddings(), changed)
+            torch.testing.assert_close(h1[i], h0[i], atol=1e-5, rtol=1e-5)
+            if a + 1 < L:  # a block whose context includes the perturbed rows does change
+                later = [j for j, b in enumerate(anchors) if b > a]
+                if later:
+                    assert not torch.allclose(h1[later[0]], h0[later[0]])
+    # the teacher tokens line up with the sequence: gold slot k = x_{a+k}, anchor_prev = (x_{a-1}, x_a)
+    a = anchors[0]
+    assert packed.blocks.anchor_prev[0].tolist() == [tok[a - 1].item(), tok[a].item()]
+    assert packed.blocks.gold[0, 0].item() == tok[a + 1].item()
+
+
+def test_consistency_rounds_feed_back_argmax(monkeypatch):
+    target = tiny_llama()
+    drafter = XPressDrafterModel.from_target(target, refiner="xpress", num_hidden_layers=1, mask_token_id=V - 1,
+                                             refiner_rank=8, block_size=4)
+    with torch.no_grad():
+        for p in drafter.refiner.parameters():
+            p.normal_(0, 0.5)
+    N, B = 3, 4
+    hidden = torch.randn(N, B, 64)
+    base = torch.randn(N, B - 1, V, requires_grad=True)
+    blocks = T.BlockBatch(torch.randint(0, V, (N, 2)), torch.randint(0, V, (N, B - 1)), torch.randint(0, V, (N, B - 1)),
+                          torch.softmax(torch.randn(N, B - 1, V), -1), torch.ones(N, B - 1, dtype=torch.bool))
+    seen: list[torch.Tensor] = []
+    original = drafter.refiner.delta
+
+    def spy(hidden_part, prev, start=1):
+        out = original(hidden_part, prev, start)
+        seen.append((prev.clone(), out.detach().clone()))
+        return out
+
+    monkeypatch.setattr(drafter.refiner, "delta", spy)
+    loss, parts = T.refiner_losses(drafter, hidden, base, blocks, T.position_weights(B - 1, 7.0))
+    assert len(seen) == 4  # teacher-forced + 3 rounds
+    teacher_prev = seen[0][0]
+    assert torch.equal(teacher_prev, torch.cat([blocks.anchor_prev, blocks.gold[:, :-1]], 1))
+    expected_tokens = base.detach().argmax(-1)  # round 1 is seeded with the drafter's argmax
+    for prev, delta in seen[1:]:
+        assert torch.equal(prev[:, :2], blocks.anchor_prev)
+        assert torch.equal(prev[:, 2:], expected_tokens[:, :-1])
+        expected_tokens = (base.detach() + delta).argmax(-1)
+    loss.backward()
+    assert base.grad is not None and set(parts) == {"tf", "consistency", "anchor"}
+
+
+# ---- trainer --------------------------------------------------------------------------------------------------------
+
+
+def _cfg(data: Path, out: Path, **kw) -> T.TrainConfig:
+    base = dict(data=str(data), out=str(out), refiner="xpress", layers=1, block_size=4, refiner_rank=8,
+                mask_token_id=V - 1, anchors_per_seq=4, batch_size=2, grad_accum=2, lr=3e-3, max_steps=6,
+                heldout_every=6, heldout_seqs=4, eval_every=3, save_every=100, seed=0)
+    base.update(kw)
+    return T.TrainConfig(**base)
+
+
+def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target)
+    full = T.Trainer(_cfg(data, tmp_path / "full"), target=target)
+    full.run()
+    stopped = T.Trainer(_cfg(data, tmp_path / "resumed", stop_after_steps=3), target=target)
+    state = stopped.run()
+    assert state["step"] == 3 and (tmp_path / "resumed" / "checkpoint" / "trainer_state.json").exists()
+    resumed = T.Trainer(_cfg(data, tmp_path / "resumed"), target=target)  # a fresh process after the kill
+    resumed.run()
+    assert resumed.state["step"] == 6 and resumed.state["tokens"] == full.state["tokens"]
+    for (name, a), (_, b) in zip(full.drafter.named_parameters(), resumed.drafter.named_parameters()):
+        torch.testing.assert_close(a, b, msg=name)
+    loaded = XPressDrafterModel.from_pretrained(tmp_path / "resumed" / "final")
+    assert loaded.dtype == torch.bfloat16 and loaded.config.refiner == "xpress"
+
+
+def test_sigterm_requests_a_checkpoint(tmp_path):
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target, num_seqs=12)
+    trainer = T.Trainer(_cfg(data, tmp_path / "run", eval_every=0), target=target)
+    original = trainer.train_step
+
+    def step_then_signal():
+        row = original()
+        if trainer.state["step"] == 2:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)
+        return row
+
+    trainer.train_step = step_then_signal
+    assert trainer.run()["step"] == 2
+    assert json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())["state"]["step"] == 2
+
+
+@pytest.mark.parametrize("refiner", ["none", "markov", "xpress"])
+def test_smoke_run_loss_falls(tmp_path, refiner):
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target)
+    trainer = T.Trainer(_cfg(data, tmp_path / "run", refiner=None if refiner == "none" else refiner, max_steps=30,
+                             grad_accum=1, eval_every=0, lr=1e-2, anchors_per_seq=8), target=target)
+    losses = [trainer.train_step()["loss"] for _ in range(30)]
+    assert all(math.isfinite(x) for x in losses)
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
+    ev = trainer.evaluate()
+    assert 1.0 <= ev["tau_est"] <= 4.0 and len(ev["slot_acc"]) == 3
+
+
+def test_nan_guard_skips_the_step(tmp_path):
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target, num_seqs=12)
+    trainer = T.Trainer(_cfg(data, tmp_path / "run", grad_accum=1, eval_every=0), target=target)
+    before = {k: v.clone() for k, v in trainer.drafter.state_dict().items()}
+    trainer._loss = lambda idx, gen: (torch.tensor(float("nan"), requires_grad=True), {}, None)
+    row = trainer.train_step()
+    assert row["skipped"] == 1
+    for k, v in trainer.drafter.state_dict().items():
+        torch.testing.assert_close(v, before[k])
+
+
+def test_feature_cache_matches_on_the_fly(tmp_path):
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target, num_seqs=8)
+    T.label_dataset(target, data, layer_ids=[1, 4], cache_dir=str(tmp_path / "cache"), chunk=4, max_batch_tokens=128)
+    ds = T.Dataset.load(data)
+    cache = T.FeatureCache(tmp_path / "cache", int(ds.offsets[-1]), 3 * 64, [1, 4])
+    assert cache.num_done == 8
+    tok, _, _ = ds.sequence(3)
+    with torch.no_grad():
+        feats, final = T.target_features(target, torch.from_numpy(tok.astype(np.int64))[None], [1, 4])
+    cached = cache.read(int(ds.offsets[3]), int(ds.offsets[4])).float()
+    torch.testing.assert_close(cached, torch.cat([feats[0], final[0]], -1), atol=0.05, rtol=0.02)
+
+
+def test_data_command_writes_a_dataset_that_loads(tmp_path):
+    class Tok:  # minimal chat tokenizer: one id per character
+        chat_template = "x"
+        eos_token_id = None
+        pad_token_id = 0
+
+        def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+            text = "".join(f"<{m['role'][0]}>{m['content']}" for m in messages)
+            return text + ("<a>" if add_generation_prompt else "")
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": [3 + ord(c) % (V - 4) for c in text]}
+
+    target = tiny_llama()
+    jsonl = tmp_path / "chats.jsonl"
+    rows = [{"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": "answer " * (i + 3)}]}
+            for i in range(6)]
+    jsonl.write_text("\n".join(json.dumps(r) for r in rows))
+    args = argparse.Namespace(source=f"jsonl:{jsonl}", num_prompts=None, skip_prompts=0, num_code=0, max_len=64,
+                              max_prompt=32, max_new_tokens=8, batch_size=2, do_sample=False, seed=0)
+    out = tmp_path / "ds"
+    seqs = T.collect_sequences(args, target, Tok(), out)
+    T.write_sequences(out, seqs, V, {"sources": args.source})
+    ds = T.label_dataset(target, out, layer_ids=None, cache_dir=None, chunk=4, max_batch_tokens=128)
+    assert ds.num_sequences == 6 and ds.num_labelled == 6 and ds.tokens.dtype == np.uint16
+    tok, lab, plen = ds.sequence(0)
+    with torch.no_grad():
+        expect = target(torch.from_numpy(tok.astype(np.int64))[None]).logits[0].argmax(-1).numpy()
+    assert (lab == expect).all() and 0 < plen < len(tok)
+    # regeneration mode: the target writes the responses (greedy), resumable parts on disk
+    regen = argparse.Namespace(**{**vars(args), "source": f"regen-jsonl:{jsonl}"})
+    seqs = T.collect_sequences(regen, target, Tok(), tmp_path / "regen")
+    assert len(seqs) == 6 and all(len(ids) - p == 8 for _, ids, p in seqs)
+    assert list((tmp_path / "regen" / "regen").glob("part-*.json"))

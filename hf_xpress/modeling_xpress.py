@@ -214,6 +214,28 @@ class XPressRefiner(nn.Module):
         """Teacher-forced bias for slots 1..B-1: hidden `[N, B, H]`, prev_tokens `[N, B]` -> `[N, B-1, V]`."""
         return self.delta(self.hidden_part(hidden), prev_tokens)
 
+    def refine_fixed(
+        self,
+        hidden_part: torch.Tensor,
+        base_logits: torch.Tensor,
+        lead_tokens: torch.LongTensor,
+        noise: torch.Tensor,
+        passes: int,
+    ) -> tuple[torch.LongTensor, torch.Tensor]:
+        """Exactly `passes` Jacobi passes with static shapes, no host syncs and no data-dependent control flow, so
+        the whole loop can be captured in a CUDA graph (`torch.compile(..., mode="reduce-overhead")`).
+
+        hidden_part `[N, B, r]`, base_logits `[N, B-1, V]` float32, lead_tokens `[N, 2]`, noise `[N, B-1, V]`
+        (zeros for greedy). Returns tokens `[N, B-1]` and their logits `[N, B-1, V]`.
+        """
+        logits = base_logits
+        tokens = (logits + noise).argmax(dim=-1)
+        for _ in range(passes):
+            prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)
+            logits = base_logits + self.delta(hidden_part, prev).float()
+            tokens = (logits + noise).argmax(dim=-1)
+        return tokens, logits
+
 
 class XPressMarkovHead(nn.Module):
     """DSpark's Markov head: bias `w2(w1[x_{k-1}])`, decoded left to right (B-1 serial steps)."""
@@ -308,7 +330,22 @@ class XPressDrafterModel(XPressPreTrainedModel):
         else:
             self.refiner = None
         self.stats = None  # set by the candidate generator at each generate() call
+        self._fast_refine = None  # set by enable_fast_refine()
         self.post_init()
+
+    def enable_fast_refine(self, mode: str | None = "reduce-overhead", backend: str = "inductor") -> None:
+        """Run xPress refinement through `XPressRefiner.refine_fixed` compiled with `torch.compile(fullgraph=True)`.
+
+        Used by `propose()` when early stop is off and no logits processor is active (greedy or plain sampling):
+        fixed K passes without host syncs, captured as one CUDA graph with `mode="reduce-overhead"`. Same tokens
+        and logits as the eager loop. `disable_fast_refine()` undoes it.
+        """
+        if not isinstance(self.refiner, XPressRefiner):
+            raise ValueError(f"enable_fast_refine needs an xPress refiner; this drafter has refiner={self.config.refiner!r}.")
+        self._fast_refine = torch.compile(self.refiner.refine_fixed, fullgraph=True, mode=mode, backend=backend)
+
+    def disable_fast_refine(self) -> None:
+        self._fast_refine = None
 
     # ---- building -------------------------------------------------------------------------------------------------
 
@@ -469,6 +506,10 @@ class XPressDrafterModel(XPressPreTrainedModel):
             return DraftProposal(tokens, logits, 0)
 
         hidden_part = self.refiner.hidden_part(hidden)
+        if self._fast_refine is not None and not early_stop and logits_hook is None:
+            zeros = torch.zeros_like(base_logits, dtype=torch.float32) if noise is None else noise
+            tokens, logits = self._fast_refine(hidden_part, base_logits.float(), lead_tokens, zeros, passes)
+            return DraftProposal(tokens.clone(), logits.clone(), passes)  # clone: graph outputs are reused buffers
         num_slots, start, run = tokens.shape[1], 0, 0
         while run < passes and start < num_slots:
             prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)  # [1, B]: token before each slot

@@ -205,3 +205,30 @@ def test_context_of_the_wrong_width_is_a_clear_error(target):
     drafter = tiny_drafter(target)
     with pytest.raises(ValueError, match="context_hidden_states has width 64"):
         drafter(torch.randn(1, B, 64), torch.randn(1, 3, 64))
+
+
+# ---- graph-friendly fast path (issue: GPU latency) --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_fixed_pass_refinement_compiles_without_graph_breaks_and_matches_the_eager_loop(sample):
+    torch.manual_seed(9)
+    drafter = tiny_drafter(tiny_target("qwen3"))
+    hidden = torch.randn(1, B, 64)
+    base_logits = torch.randn(1, B - 1, 128) * 2
+    lead = torch.randint(0, 128, (1, 2))
+    noise = -torch.log(-torch.log(torch.rand(1, B - 1, 128))) if sample else None
+    for passes in (1, 4, 6):
+        eager = drafter.propose(hidden, base_logits, lead, passes=passes, early_stop=False, noise=noise)
+        drafter.enable_fast_refine(mode=None, backend="aot_eager")  # fullgraph=True: a graph break is an error
+        try:
+            fast = drafter.propose(hidden, base_logits, lead, passes=passes, early_stop=False, noise=noise)
+        finally:
+            drafter.disable_fast_refine()
+        assert torch.equal(eager.tokens, fast.tokens)
+        torch.testing.assert_close(eager.logits, fast.logits)
+
+
+def test_fast_refine_needs_an_xpress_refiner():
+    with pytest.raises(ValueError, match="needs an xPress refiner"):
+        tiny_drafter(tiny_target("qwen3"), refiner="markov").enable_fast_refine()

@@ -12,6 +12,7 @@ COMMANDS: dict[str, str] = {
     "convert": "hf_xpress.conversion:add_convert_parser",
     "export": "hf_xpress.conversion:add_export_parser",
     "push": "hf_xpress.hub:add_push_parser",
+    "bench": "hf_xpress.benchmarking:add_parser",
 }
 
 

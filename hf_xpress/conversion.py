@@ -131,7 +131,9 @@ def read_state_dict(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
                 raise ConversionError(f"{binary} does not hold a state dict.")
             return state
     except (SafetensorError, OSError, KeyError, json.JSONDecodeError, RuntimeError) as err:
-        raise ConversionError(f"Could not read the weights in {folder}: {err}. The checkpoint is corrupt or incomplete.") from err
+        raise ConversionError(
+            f"Could not read the weights in {folder}: {err}. The checkpoint is corrupt or incomplete."
+        ) from err
     raise ConversionError(f"{folder} holds no weights (model.safetensors, an index, or pytorch_model.bin).")
 
 
@@ -236,7 +238,9 @@ def dflash_config_to_xpress(
         if dflash.get(key) or (key == "causal" and raw.get("is_causal")):
             raise ConversionError(f"{name} sets dflash_config.{key}, which XPressDrafterModel does not implement.")
     if dflash.get("pure_draft_prefix_len"):
-        raise ConversionError(f"{name} sets dflash_config.pure_draft_prefix_len, which XPressDrafterModel does not implement.")
+        raise ConversionError(
+            f"{name} sets dflash_config.pure_draft_prefix_len, which XPressDrafterModel does not implement."
+        )
     _check_full_attention(raw, name, allow_sliding_window)
     mask_token_id = dflash.get("mask_token_id", raw.get("mask_token_id"))
     if mask_token_id is None:
@@ -355,11 +359,18 @@ def _stored_dtype(state: dict[str, torch.Tensor]) -> torch.dtype:
 
 def build_model(config: XPressDrafterConfig, state: dict[str, torch.Tensor], dtype=None, name: str = "checkpoint"):
     """`XPressDrafterModel(config)` with exactly the tensors of `state` (our names); refuses missing/extra/misshapen."""
-    model = XPressDrafterModel(config)
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():  # every parameter is overwritten below: skip the random initialisation
+        model = XPressDrafterModel(config)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    shapes = [f"{k}: {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items() if k in state and state[k].shape != v.shape]
+    shapes = [
+        f"{k}: {tuple(state[k].shape)} != {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
     if missing or unexpected or shapes:
         raise ConversionError(
             f"The weights of {name} do not fit the layout: missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
@@ -448,7 +459,9 @@ def _torch_load_safely(path: Path) -> Any:
                 "'refiner_state_dict': ck['refiner_state_dict'], 'draft_state_dict': ck.get('draft_state_dict')}, "
                 "'clean.pt') after ck = torch.load(path, weights_only=False)."
             ) from err
-        raise ConversionError(f"Could not read {path} as a torch checkpoint ({type(err).__name__}: {err}); is it corrupt?") from err
+        raise ConversionError(
+            f"Could not read {path} as a torch checkpoint ({type(err).__name__}: {err}); is it corrupt?"
+        ) from err
 
 
 def _strip_prefixes(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -671,7 +684,9 @@ class VLLMExport:
     architecture: str
 
     def serve_command(self, target: str = "<target model>", **kwargs) -> str:
-        return vllm_serve_command(target, self.path, method=self.method, num_speculative_tokens=self.num_speculative_tokens, **kwargs)
+        return vllm_serve_command(
+            target, self.path, method=self.method, num_speculative_tokens=self.num_speculative_tokens, **kwargs
+        )
 
 
 def export_vllm(drafter: XPressDrafterModel, output: str | os.PathLike, *, dtype=None) -> VLLMExport:
@@ -734,7 +749,9 @@ def load_vllm(folder: str | os.PathLike, *, target=None, dtype=None) -> XPressDr
         if mlp_hidden % rank:
             raise ConversionError(f"{folder}: xpress_mlp_hidden {mlp_hidden} is not a multiple of xpress_rank {rank}.")
         if int(raw.get("xpress_block_size", config.block_size)) != config.block_size:
-            raise ConversionError(f"{folder}: xpress_block_size {raw['xpress_block_size']} != block_size {config.block_size}.")
+            raise ConversionError(
+                f"{folder}: xpress_block_size {raw['xpress_block_size']} != block_size {config.block_size}."
+            )
         fields.update(refiner="xpress", refiner_rank=rank, refiner_mlp_ratio=mlp_hidden // rank)
         fields["jacobi_passes"] = int(raw.get("xpress_num_passes", fields.get("jacobi_passes", 6)))
         head = {k.removeprefix("xpress_head."): v for k, v in state.items() if k.startswith("xpress_head.")}
@@ -749,7 +766,9 @@ def load_vllm(folder: str | os.PathLike, *, target=None, dtype=None) -> XPressDr
     else:
         head = {}
     if raw.get("sample_from_anchor"):
-        raise ConversionError(f"{folder} uses sample_from_anchor=true (anchor-as-first block); hf-xpress drafts the dFlash fill-in block.")
+        raise ConversionError(
+            f"{folder} uses sample_from_anchor=true (anchor-as-first block); hf-xpress drafts the dFlash fill-in block."
+        )
     state = {**drafter_state, **{f"refiner.{k}": v for k, v in head.items()}}
     return build_model(XPressDrafterConfig(**fields), state, dtype, name=str(folder))
 
@@ -838,14 +857,23 @@ def convert(source: str | os.PathLike, output: str | os.PathLike, **kwargs) -> X
 
 
 def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", help="drafter folder (z-lab dFlash, MuseGlimmerAssistant, vLLM export, hf-xpress) or refiner .pt")
+    parser.add_argument(
+        "source", help="drafter folder (z-lab dFlash, MuseGlimmerAssistant, vLLM export, hf-xpress) or refiner .pt"
+    )
     parser.add_argument("--refiner", help="official xPress/Markov refiner .pt to attach to the drafter")
     parser.add_argument("--base", help="drafter folder the refiner .pt belongs to, when SOURCE is a .pt")
-    parser.add_argument("--target", help="target model config (folder or Hub id): vocabulary and depth when the checkpoint lacks them")
+    parser.add_argument(
+        "--target", help="target model config (folder or Hub id): vocabulary and depth when the checkpoint lacks them"
+    )
     parser.add_argument("--passes", type=int, help="Jacobi passes K to record (default: keep, or 6)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16, ... (default: as stored)")
-    parser.add_argument("--base-drafter-weights", action="store_true", help="keep the base drafter's weights even if the .pt ships a co-trained drafter")
-    parser.add_argument("--allow-sliding-window", action="store_true", help="convert sliding-window layers to full attention")
+    parser.add_argument(
+        "--base-drafter-weights", action="store_true",
+        help="keep the base drafter's weights even if the .pt ships a co-trained drafter",
+    )
+    parser.add_argument(
+        "--allow-sliding-window", action="store_true", help="convert sliding-window layers to full attention"
+    )
     parser.add_argument("--no-strict", action="store_true", help="ignore unknown refiner tensors instead of refusing")
 
 

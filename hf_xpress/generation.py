@@ -56,6 +56,7 @@ class XPressStats:
     accepted: list[int] = field(default_factory=list)  # accepted drafts per verification round
     proposed: list[int] = field(default_factory=list)  # drafts proposed per round (B-1 except near max_length)
     passes: list[int] = field(default_factory=list)  # refinement passes run per round
+    drafts: list[list[int]] = field(default_factory=list)  # the draft tokens proposed in each round
     draft_time: float = 0.0  # drafter forward + base logits
     refine_time: float = 0.0  # seed + Jacobi passes / Markov steps
     verify_time: float = 0.0  # target forward over the candidates + acceptance
@@ -82,6 +83,7 @@ class XPressStats:
             "accepted": list(self.accepted),
             "proposed": list(self.proposed),
             "passes": list(self.passes),
+            "drafts": [list(d) for d in self.drafts],
             "slot_acceptance": self.slot_acceptance(),
             "draft_time": self.draft_time,
             "refine_time": self.refine_time,
@@ -170,6 +172,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         self.stats.refine_time += end - drafted
         self.stats.passes.append(proposal.passes)
         self.stats.proposed.append(num_drafts)
+        self.stats.drafts.append(proposal.tokens[0, :num_drafts].tolist())
         self._proposed_this_round = num_drafts
         self._verify_start = end
         candidate_ids = torch.cat([input_ids, proposal.tokens[:, :num_drafts].to(input_ids.device)], dim=1)

@@ -86,7 +86,6 @@ def write_model_card(folder: str | os.PathLike, **facts) -> Path:
     facts.setdefault("repo_id", folder.name)
     path = folder / "README.md"
     path.write_text(render_model_card(config, **facts))
-    (folder / "xpress_card_facts.json").write_text(json.dumps(facts, indent=2, default=str))
     return path
 
 
@@ -97,209 +96,6 @@ def write_model_card(folder: str | os.PathLike, **facts) -> Path:
 REMOTE_CODE_FILES = ("configuration_xpress.py", "modeling_xpress.py")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _DRAFTER_MARKER = "__HF_XPRESS_DRAFTER__"
-
-# `custom_generate/generate.py`: what `target.generate(custom_generate=<repo>, trust_remote_code=True)` runs. It only
-# imports torch, transformers and the modeling files copied next to it (transformers' remote-code loader refuses any
-# other import that is not installed). transformers calls `generate(model=<target>, **every generate() argument)`:
-# with a repo/folder string, `assistant_model` is passed through (it is dropped only for a *callable*
-# custom_generate), so an already loaded drafter is used as is; otherwise this repository's drafter is loaded.
-CUSTOM_GENERATE_PY = '''"""xPress speculative decoding from the Hub, without the hf-xpress package.
-
-    from transformers import AutoModelForCausalLM
-    target = AutoModelForCausalLM.from_pretrained("<target>")
-    out = target.generate(**inputs, custom_generate="<this repo>", trust_remote_code=True, max_new_tokens=256)
-
-The drafter is this repository's, or `assistant_model=` (an xPress drafter already loaded, e.g. with
-`AutoModel.from_pretrained(<this repo>, trust_remote_code=True)`), or `xpress_drafter=` (another folder / Hub id).
-`jacobi_passes=` overrides K. Verification, acceptance and sampling are transformers' own assisted decoding, so greedy
-output is exactly the target's and sampling keeps its distribution; batch size 1, like transformers' assisted
-generation. After the call, `drafter.stats` holds the accepted drafts per round (`.tau`: tokens per target forward).
-"""
-
-from __future__ import annotations
-
-import types
-from dataclasses import dataclass, field
-
-import torch
-from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
-from transformers.generation.logits_process import (
-    EpsilonLogitsWarper,
-    EtaLogitsWarper,
-    MinPLogitsWarper,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-    TypicalLogitsWarper,
-)
-
-from .modeling_xpress import XPressDrafterModel, check_compatible
-
-
-DRAFTER = "__HF_XPRESS_DRAFTER__"  # filled in by hf_xpress.hub.publish: the repository this file was published in
-PREFIX_FREE = (
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-    MinPLogitsWarper,
-    TypicalLogitsWarper,
-    EpsilonLogitsWarper,
-    EtaLogitsWarper,
-)
-_DRAFTERS: dict = {}
-
-
-@dataclass
-class XPressHubStats:
-    block_size: int
-    accepted: list = field(default_factory=list)
-    proposed: list = field(default_factory=list)
-    passes: list = field(default_factory=list)
-    drafts: list = field(default_factory=list)  # the draft tokens of each round
-
-    @property
-    def rounds(self) -> int:
-        return len(self.accepted)
-
-    @property
-    def tau(self) -> float:
-        return (sum(self.accepted) / self.rounds + 1.0) if self.rounds else float("nan")
-
-
-class XPressHubCandidateGenerator(DFlashTokenCandidateGenerator):
-    """One dFlash forward over [anchor, mask x (B-1)] per round, then the drafter's refiner (`propose`)."""
-
-    def __init__(self, target, drafter, generation_config, logits_processor=None, passes=None):
-        check_compatible(target.config, drafter.config)
-        super().__init__(
-            assistant_model=drafter,
-            main_model_input_embeddings=target.get_input_embeddings(),
-            main_model_output_embeddings=target.get_output_embeddings(),
-            generation_config=generation_config,
-            logits_processor=logits_processor,
-        )
-        if generation_config.output_hidden_states:
-            self.model_kwargs_overrides = {"output_hidden_states": True}
-        self.passes = passes
-        self.context_length = 0
-        self.mask_embeds = None
-        self.stats = XPressHubStats(block_size=self.block_size)
-        drafter.stats = self.stats
-        self._proposed = 0
-
-    def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False,
-                       n_last_matches=0, **kwargs):
-        if input_ids.shape[0] != 1:
-            raise ValueError(f"xPress drafting supports batch size 1; got {input_ids.shape[0]}.")
-        self._proposed = 0
-        if is_first_iteration:
-            return input_ids, None
-        num_drafts = min(self.block_size - 1, self.main_model_max_length - input_ids.shape[1] - 1)
-        if num_drafts <= 0:
-            return input_ids, None
-        if model_outputs is None or getattr(model_outputs, "hidden_states", None) is None:
-            raise ValueError("xPress drafting needs the target's hidden states from the previous forward.")
-        hidden = self._draft_forward(input_ids, model_outputs)
-        lm_head = self.main_model_output_embeddings
-        base_logits = lm_head(hidden[:, 1:].to(lm_head.weight.device)).float()
-        noise = None
-        if self.do_sample:  # one Gumbel draw per block, shared by the seed and every pass
-            uniform = torch.rand_like(base_logits).clamp_(min=torch.finfo(torch.float32).tiny)
-            noise = -torch.log(-torch.log(uniform))
-        proposal = self.assistant_model.propose(
-            hidden,
-            base_logits,
-            lead_tokens=input_ids[:, -2:].to(base_logits.device),
-            passes=self.passes,
-            noise=noise,
-            logits_hook=self._logits_hook(input_ids) if self.logits_processor else None,
-        )
-        self.stats.passes.append(proposal.passes)
-        self.stats.proposed.append(num_drafts)
-        self.stats.drafts.append(proposal.tokens[0, :num_drafts].tolist())
-        self._proposed = num_drafts
-        candidate_ids = torch.cat([input_ids, proposal.tokens[:, :num_drafts].to(input_ids.device)], dim=1)
-        return candidate_ids, proposal.logits[:, :num_drafts]
-
-    def _draft_forward(self, input_ids, model_outputs):
-        num_new = input_ids.shape[1] - 1 - self.context_length
-        layer_ids = self.assistant_model.config.target_layer_ids
-        features = torch.cat([model_outputs.hidden_states[i + 1][:, :num_new] for i in layer_ids], dim=-1).to(self.device)
-        if self.mask_embeds is None:
-            self.mask_embeds = self._get_noise_embeds(self.noise_ids_mask.to(input_ids.device)).to(self.device)
-        anchor = self._get_noise_embeds(input_ids[:, -1:]).to(self.device)
-        positions = torch.arange(
-            self.context_length, self.context_length + num_new + self.block_size, device=self.device
-        ).unsqueeze(0)
-        out = self.assistant_model(
-            noise_embeds=torch.cat([anchor, self.mask_embeds], dim=1),
-            context_hidden_states=features,
-            position_ids=positions,
-            cache=self.cache,
-        )
-        self.cache.crop(-self.block_size)
-        self.context_length += num_new
-        return out.last_hidden_state
-
-    def _logits_hook(self, input_ids):
-        processors = self.logits_processor
-        prefix_free = all(type(p) in PREFIX_FREE for p in processors)
-
-        def hook(scores, start, cond):
-            rows = scores[0]
-            if prefix_free:
-                return processors(input_ids.expand(rows.shape[0], -1), rows).unsqueeze(0)
-            out = torch.empty_like(rows)
-            for i in range(rows.shape[0]):
-                prefix = input_ids if cond is None else torch.cat([input_ids, cond[:, : start + i].to(input_ids.device)], 1)
-                out[i] = processors(prefix, rows[i : i + 1])[0]
-            return out.unsqueeze(0)
-
-        return hook
-
-    def update_candidate_strategy(self, input_ids, scores, num_matches):
-        if self._proposed:
-            self.stats.accepted.append(int(num_matches))
-            self._proposed = 0
-
-
-def _load_drafter(source, target):
-    key = (str(source), str(target.device), target.dtype)
-    if key not in _DRAFTERS:
-        drafter = XPressDrafterModel.from_pretrained(source)
-        _DRAFTERS[key] = drafter.to(device=target.device, dtype=target.dtype).eval()
-    return _DRAFTERS[key]
-
-
-def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_passes=None, **kwargs):
-    """`target.generate(...)` with xPress drafting; see the module docstring."""
-    if assistant_model is not None:
-        drafter = assistant_model
-    else:
-        source = xpress_drafter or (None if DRAFTER == "__HF_XPRESS_" + "DRAFTER__" else DRAFTER)
-        if source is None:
-            raise ValueError("This custom_generate folder names no drafter: pass assistant_model= or xpress_drafter=.")
-        drafter = _load_drafter(source, model)
-    if getattr(drafter.config, "model_type", None) != "xpress_drafter":
-        raise ValueError(f"assistant_model must be an xPress drafter, got model_type {drafter.config.model_type!r}.")
-    for key in ("custom_generate", "trust_remote_code"):
-        kwargs.pop(key, None)
-    original = type(model)._get_candidate_generator
-
-    def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
-                                 assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
-        if assistant_model is drafter and generation_config.speculation_type != "dflash":
-            return XPressHubCandidateGenerator(self, drafter, generation_config, logits_processor, jacobi_passes)
-        return original(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
-                        assistant_model, target_tokenizer, assistant_tokenizer)
-
-    # Only this call on this model: an instance attribute shadows the class method and is removed afterwards.
-    model._get_candidate_generator = types.MethodType(_get_candidate_generator, model)
-    try:
-        return type(model).generate(model, *args, assistant_model=drafter, **kwargs)
-    finally:
-        del model._get_candidate_generator
-'''
 
 CUSTOM_GENERATE_REQUIREMENTS = "torch>=2.5\ntransformers>=5.23\n"
 
@@ -345,19 +141,21 @@ def _ensure_remote_code(drafter, folder: Path) -> None:
 
 
 def write_custom_generate(folder: str | os.PathLike, drafter_source: str | None) -> Path:
-    """Write `custom_generate/` (generate.py, the modeling files, requirements.txt) into a published folder.
+    """Write `custom_generate/` into a published folder: `generate.py` (a copy of `hf_xpress/custom_generate.py`),
+    the files it imports (`generation.py` and the modeling files) and `requirements.txt`.
 
     `drafter_source` is what the recipe loads when the caller passes no drafter: the Hub repo id it is published in.
     """
     folder = Path(folder)
+    package = Path(__file__).resolve().parent
     target = folder / "custom_generate"
     target.mkdir(parents=True, exist_ok=True)
-    text = CUSTOM_GENERATE_PY
+    text = (package / "custom_generate.py").read_text()
     if drafter_source is not None:
         text = text.replace(f'DRAFTER = "{_DRAFTER_MARKER}"', f"DRAFTER = {str(drafter_source)!r}")
     (target / "generate.py").write_text(text)
-    for name in REMOTE_CODE_FILES:
-        shutil.copyfile(folder / name, target / name)
+    for name in (*REMOTE_CODE_FILES, "generation.py"):
+        shutil.copyfile(package / name, target / name)
     (target / "requirements.txt").write_text(CUSTOM_GENERATE_REQUIREMENTS)
     return target / "generate.py"
 

@@ -54,7 +54,8 @@ def zlab_weights(seed: int) -> dict[str, torch.Tensor]:
     def r(*shape, std=0.08, mean=0.0):
         return torch.randn(*shape, generator=g) * std + mean
 
-    w = {"fc.weight": r(H, len(IDS) * H), "hidden_norm.weight": r(H, mean=1.0, std=0.1), "norm.weight": r(H, mean=1.0, std=0.1)}
+    w = {"fc.weight": r(H, len(IDS) * H), "hidden_norm.weight": r(H, mean=1.0, std=0.1)}
+    w["norm.weight"] = r(H, mean=1.0, std=0.1)
     for i in range(LAYERS):
         p = f"layers.{i}."
         w |= {
@@ -200,7 +201,8 @@ def reference_hidden(w, features, block, theta=THETA, fc="fc.weight", hidden_nor
         att = torch.softmax(Q @ K.transpose(-1, -2) / math.sqrt(HD), -1)
         h = h + (att @ Vv).transpose(1, 2).reshape(1, q, HEADS * HD) @ w[p + "self_attn.o_proj.weight"].T
         x = rms(h, w[p + "post_attention_layernorm.weight"])
-        h = h + (F.silu(x @ w[p + "mlp.gate_proj.weight"].T) * (x @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        gate, up, down = (w[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))
+        h = h + (F.silu(x @ gate.T) * (x @ up.T)) @ down.T
     return rms(h, w["norm.weight"])
 
 
@@ -250,6 +252,17 @@ def inputs(target, context_len=9, seed=0):
     return features, block, ids
 
 
+def close(actual, expected, tol=1e-5):
+    torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
+
+
+def reference_muse(state, features, block):
+    """The same forward read from MuseGlimmerAssistantModel's names (its context projection is `encoder.*`)."""
+    return reference_hidden(
+        state, features, block, 500_000.0, fc="encoder.fc.weight", hidden_norm="encoder.output_norm_enc.weight"
+    )
+
+
 def ours(drafter, features, block):
     with torch.no_grad():
         return drafter(noise_embeds=block, context_hidden_states=features).last_hidden_state
@@ -273,8 +286,8 @@ def test_zlab_dflash_folder_converts_to_the_same_logits(tmp_path, target):
     features, block, _ = inputs(target)
     w = zlab_weights(0)
     expected = reference_hidden(w, features, block)
-    torch.testing.assert_close(ours(drafter, features, block), expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(logits(target, ours(drafter, features, block)), logits(target, expected), rtol=1e-5, atol=1e-5)
+    close(ours(drafter, features, block), expected)
+    close(logits(target, ours(drafter, features, block)), logits(target, expected))
     # a drafter with its own conversion target: depth and vocabulary come from / are checked against it
     with pytest.raises(cv.ConversionError, match="trained for a 6-layer target"):
         cv.load_dflash(folder, target=Qwen3Config(num_hidden_layers=8, vocab_size=V))
@@ -292,7 +305,7 @@ def test_newer_zlab_layout_and_rope_scaling(tmp_path, target):
     save_file(zlab_weights(0), str(folder / "model.safetensors"))
     drafter = cv.load_checkpoint(folder)
     features, block, _ = inputs(target)
-    torch.testing.assert_close(ours(drafter, features, block), reference_hidden(zlab_weights(0), features, block, 10_000.0), rtol=1e-5, atol=1e-5)
+    close(ours(drafter, features, block), reference_hidden(zlab_weights(0), features, block, 10_000.0))
 
 
 # ---- official xPress / Markov refiners ----------------------------------------------------------------------------
@@ -308,7 +321,7 @@ def test_official_xpress_pt_attaches_with_the_cotrained_drafter(tmp_path, target
     cotrained, head = zlab_weights(7), xpress_refiner_state(3)
     h_ref = reference_hidden(cotrained, features, block)  # the .pt's draft_state_dict, as the official harness loads it
     h = ours(drafter, features, block)
-    torch.testing.assert_close(h, h_ref, rtol=1e-5, atol=1e-5)
+    close(h, h_ref)
     base_logits = logits(target, h_ref).detach()
     anchor, before = int(ids[0, -1]), int(ids[0, -2])
     # teacher-forced bias for arbitrary previous tokens
@@ -320,14 +333,15 @@ def test_official_xpress_pt_attaches_with_the_cotrained_drafter(tmp_path, target
     for passes in (1, 3, B - 1):
         ref_tokens, ref_logits = reference_jacobi(head, h_ref, base_logits, anchor, before, passes)
         for early_stop in (False, True):
-            proposal = drafter.propose(h, base_logits, torch.tensor([[before, anchor]]), passes=passes, early_stop=early_stop)
+            lead = torch.tensor([[before, anchor]])
+            proposal = drafter.propose(h, base_logits, lead, passes=passes, early_stop=early_stop)
             assert torch.equal(proposal.tokens, ref_tokens), (passes, early_stop)
         torch.testing.assert_close(proposal.logits, ref_logits.float(), rtol=1e-4, atol=1e-4)
     assert not torch.equal(ref_tokens, base_logits.argmax(-1)), "the refiner should change the drafts in this test"
 
     # the base drafter's own weights when asked (the z-lab ones)
     plain = cv.load_checkpoint(pt, base=base, use_cotrained_drafter=False)
-    torch.testing.assert_close(ours(plain, features, block), reference_hidden(zlab_weights(0), features, block), rtol=1e-5, atol=1e-5)
+    close(ours(plain, features, block), reference_hidden(zlab_weights(0), features, block))
     # and the converted folder reloads with AutoModel
     cv.convert(pt, tmp_path / "out", base=base)
     reloaded = XPressDrafterModel.from_pretrained(tmp_path / "out")
@@ -389,8 +403,8 @@ def test_muse_glimmer_assistant_folder_converts_to_the_same_logits(tmp_path, tar
     drafter = cv.load_checkpoint(folder, target=target.config)
     assert (drafter.config.vocab_size, drafter.config.num_target_layers) == (V, TARGET_LAYERS)
     features, block, _ = inputs(target)
-    expected = reference_hidden(state, features, block, 500_000.0, fc="encoder.fc.weight", hidden_norm="encoder.output_norm_enc.weight")
-    torch.testing.assert_close(ours(drafter, features, block), expected, rtol=1e-5, atol=1e-5)
+    expected = reference_muse(state, features, block)
+    close(ours(drafter, features, block), expected)
     with torch.no_grad():  # and transformers' own implementation agrees
         native = muse(noise_embeds=block, context_hidden_states=features).last_hidden_state
     torch.testing.assert_close(native, expected, rtol=1e-5, atol=1e-5)
@@ -404,9 +418,9 @@ def test_sliding_window_layers_are_refused_unless_allowed(tmp_path, target):
     drafter = cv.load_checkpoint(folder, target=target.config, allow_sliding_window=True)
     features, block, _ = inputs(target, context_len=9)  # 9 + 16 <= window 32: the same computation
     state = load_file(folder / "model.safetensors")
-    expected = reference_hidden(state, features, block, 500_000.0, fc="encoder.fc.weight", hidden_norm="encoder.output_norm_enc.weight")
-    torch.testing.assert_close(ours(drafter, features, block), expected, rtol=1e-5, atol=1e-5)
-    zlab = write_zlab(tmp_path / "zlab-swa", use_sliding_window=True, sliding_window=64, layer_types=["sliding_attention"] * LAYERS)
+    close(ours(drafter, features, block), reference_muse(state, features, block))
+    sliding = ["sliding_attention"] * LAYERS
+    zlab = write_zlab(tmp_path / "zlab-swa", use_sliding_window=True, sliding_window=64, layer_types=sliding)
     with pytest.raises(cv.ConversionError, match="sliding-window"):
         cv.load_dflash(zlab)
 
@@ -438,7 +452,8 @@ def converted(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("converted")
     base = write_zlab(tmp / "zlab")
     xpress = cv.load_checkpoint(write_refiner_pt(tmp / "x.pt"), base=base, jacobi_passes=4)
-    markov = cv.load_checkpoint(write_refiner_pt(tmp / "m.pt", kind="markov", args=argparse.Namespace(markov_rank=R)), base=base)
+    markov_pt = write_refiner_pt(tmp / "m.pt", kind="markov", args=argparse.Namespace(markov_rank=R))
+    markov = cv.load_checkpoint(markov_pt, base=base)
     return {None: cv.load_dflash(base), "xpress": xpress, "markov": markov}
 
 
@@ -454,7 +469,8 @@ def test_vllm_export_layout_and_round_trip(tmp_path, target, converted, refiner)
     assert cfg["model_type"] == "qwen3"
     assert cfg["dflash_config"] == {"mask_token_id": MASK, "target_layer_ids": IDS}
     assert (cfg["block_size"], cfg["num_target_layers"], cfg["vocab_size"], cfg["hidden_size"]) == (B, TARGET_LAYERS, V, H)
-    assert (cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (LAYERS, HEADS, KV, HD)
+    shape_fields = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim")
+    assert [cfg[k] for k in shape_fields] == [LAYERS, HEADS, KV, HD]
     assert cfg["rope_theta"] == THETA and cfg["layer_types"] == ["full_attention"] * LAYERS and not cfg["use_sliding_window"]
     assert Qwen3Config.from_dict(cfg).rope_parameters["rope_theta"] == THETA  # what vLLM's AutoConfig reads
     drafter_names = {k for k in tensors if not k.startswith(("xpress_head.", "markov_head."))}
@@ -467,7 +483,8 @@ def test_vllm_export_layout_and_round_trip(tmp_path, target, converted, refiner)
         assert cfg["architectures"] == ["DFlashDraftModel"] and result.method == "dflash"
     elif refiner == "xpress":  # vllm_xpress/convert_xpress_to_vllm.py + the fork's Qwen3XPressForCausalLM.load_weights
         assert cfg["architectures"] == ["Qwen3XPressModel"] and result.method == "xpress"
-        assert (cfg["xpress_rank"], cfg["xpress_mlp_hidden"], cfg["xpress_block_size"], cfg["xpress_num_passes"]) == (R, 2 * R, B, 4)
+        xpress_fields = ("xpress_rank", "xpress_mlp_hidden", "xpress_block_size", "xpress_num_passes")
+        assert [cfg[k] for k in xpress_fields] == [R, 2 * R, B, 4]
         assert cfg["sample_from_anchor"] is False and cfg["xpress_candidate_topc"] == 0
         head = {k.removeprefix("xpress_head."): v for k, v in tensors.items() if k.startswith("xpress_head.")}
         official = xpress_refiner_state(3)
@@ -496,6 +513,35 @@ def test_vllm_export_layout_and_round_trip(tmp_path, target, converted, refiner)
     assert command.startswith("vllm serve Qwen/Qwen3-8B")
     spec = json.loads(command.split("--speculative-config '")[1].split("'")[0])
     assert spec == {"method": result.method, "model": str(tmp_path / "vllm"), "num_speculative_tokens": B - 1}
+
+
+@pytest.mark.parametrize("kind", ["xpress", "markov"])
+def test_folders_written_by_the_official_vllm_converters_import(tmp_path, kind):
+    """vllm_xpress/convert_xpress_to_vllm.py and convert_markov_to_vllm_dspark.py: z-lab config.json updated with the
+    head fields; tensors = draft_state_dict + the head under `xpress_head.` / `markov_head.markov_w*`."""
+    base = write_zlab(tmp_path / "zlab")
+    args = released_args() if kind == "xpress" else argparse.Namespace(markov_rank=R)
+    pt = write_refiner_pt(tmp_path / f"{kind}.pt", kind=kind, args=args)
+    ck = torch.load(pt, weights_only=False)
+    head = ck["refiner_state_dict"]
+    tensors = dict(ck["draft_state_dict"])
+    cfg = zlab_config()
+    if kind == "xpress":
+        tensors |= {"xpress_head." + k: v for k, v in head.items() if k != "mix.tril"}
+        cfg.update(architectures=["Qwen3XPressModel"], xpress_rank=R, xpress_mlp_hidden=2 * R, xpress_block_size=B,
+                   xpress_num_passes=6, sample_from_anchor=False)
+    else:
+        tensors |= {"markov_head.markov_w1.weight": head["w1.weight"], "markov_head.markov_w2.weight": head["w2.weight"]}
+        cfg.update(architectures=["Qwen3DSparkModel"], markov_rank=R, sample_from_anchor=False)
+    served = tmp_path / "served"
+    served.mkdir()
+    save_file(tensors, str(served / "model.safetensors"))
+    (served / "config.json").write_text(json.dumps(cfg, indent=2))
+    assert cv.detect_format(served) == ("vllm_xpress" if kind == "xpress" else "vllm_dspark")
+    from_served, from_pt = cv.load_checkpoint(served), cv.load_checkpoint(pt, base=base, jacobi_passes=6)
+    assert from_served.config.refiner == kind and from_served.config.jacobi_passes == 6
+    assert from_served.state_dict().keys() == from_pt.state_dict().keys()
+    assert all(torch.equal(from_served.state_dict()[k], v) for k, v in from_pt.state_dict().items())
 
 
 def test_cli_convert_and_export(tmp_path, capsys):

@@ -89,11 +89,11 @@ def test_published_folder_holds_weights_config_remote_code_card_and_custom_gener
         "configuration_xpress.py",
         "custom_generate/configuration_xpress.py",
         "custom_generate/generate.py",
+        "custom_generate/generation.py",
         "custom_generate/modeling_xpress.py",
         "custom_generate/requirements.txt",
         "model.safetensors",
         "modeling_xpress.py",
-        "xpress_card_facts.json",
     ]
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "xpress_drafter" and config["refiner"] == "xpress"
@@ -115,14 +115,15 @@ def test_published_folder_holds_weights_config_remote_code_card_and_custom_gener
     generate_py = (folder / "custom_generate" / "generate.py").read_text()
     assert f"DRAFTER = {REPO_ID!r}" in generate_py
     imports = [line for line in generate_py.splitlines() if line.startswith(("import ", "from "))]
-    assert all(line.split()[1].split(".")[0] in ("__future__", "types", "dataclasses", "torch", "transformers", "") for line in imports), imports
+    allowed = ("__future__", "types", "dataclasses", "torch", "transformers", "")  # "" = `from .modeling_xpress`
+    assert all(line.split()[1].split(".")[0] in allowed for line in imports), imports
 
 
-def _run(script: str, cwd: Path, env_extra: dict) -> subprocess.Popen:
+def _run(script: str, argv: list[str], cwd: Path, env_extra: dict) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", **env_extra)
     return subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(script)], cwd=cwd, env=env, stdout=subprocess.PIPE,
+        [sys.executable, "-c", textwrap.dedent(script), *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
     )
 
@@ -132,7 +133,7 @@ COMMON = """
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModel, AutoModelForCausalLM
-    folder, target_dir, out = sys.argv[1:4] if len(sys.argv) > 3 else (FOLDER, TARGET, OUT)
+    folder, target_dir, out = sys.argv[1:4]
     target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
     PROMPTS, MAX_NEW = {prompts}, {max_new}
 """
@@ -186,8 +187,8 @@ def test_published_folder_loads_in_fresh_processes_and_generates_like_the_origin
     procs = {}
     for name, script in (("package", WITH_PACKAGE), ("remote", REMOTE_ONLY)):
         out = tmp / f"{name}.json"
-        script = script.format(**fmt).replace("sys.argv[1:4] if len(sys.argv) > 3 else (FOLDER, TARGET, OUT)", repr((str(folder), str(tmp / "target"), str(out))))
-        procs[name] = (_run(script, work, args), out)
+        argv = [str(folder), str(tmp / "target"), str(out)]
+        procs[name] = (_run(script.format(**fmt), argv, work, args), out)
     reference = reference_run(published["target"], published["drafter"], monkeypatch)  # meanwhile, in this process
     assert any(any(a > 0 for a in run["accepted"]) or run["drafts"] for run in reference)
 
@@ -239,8 +240,7 @@ def test_push_to_hub_uploads_exactly_the_published_folder(published, monkeypatch
     expected = {str(p.relative_to(local)): p.read_bytes() for p in local.rglob("*") if p.is_file()}
     assert calls["files"].keys() == expected.keys()
     for name, data in expected.items():
-        if name != "xpress_card_facts.json":
-            assert calls["files"][name] == data, name
+        assert calls["files"][name] == data, name
     # a repo id is recognised as such; an existing or explicit path is a folder
     assert hub._is_repo_id(REPO_ID) and not hub._is_repo_id(str(local)) and not hub._is_repo_id("./a/b")
 

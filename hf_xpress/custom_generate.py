@@ -1,0 +1,66 @@
+"""xPress speculative decoding from the Hub, without the hf-xpress package (`custom_generate/generate.py`).
+
+    from transformers import AutoModelForCausalLM
+    target = AutoModelForCausalLM.from_pretrained("<target>")
+    out = target.generate(**inputs, custom_generate="<drafter repo>", trust_remote_code=True, max_new_tokens=256)
+
+`hf_xpress.hub.publish` copies this file, as `custom_generate/generate.py`, next to copies of `generation.py`,
+`configuration_xpress.py` and `modeling_xpress.py`; it imports only those, torch and transformers. transformers
+calls `generate(model=<target>, **every generate() argument)`; a folder/repo `custom_generate` keeps
+`assistant_model`. The drafter is `assistant_model=` (an xPress drafter already loaded, e.g. with
+`AutoModel.from_pretrained(<repo>, trust_remote_code=True)`), else `xpress_drafter=` (a folder or Hub id), else
+the repository this file was published in. `jacobi_passes=` overrides K for the call. Decoding is transformers'
+own assisted decoding with `XPressCandidateGenerator`, installed for this one call on this one model.
+"""
+
+from __future__ import annotations
+
+import types
+
+from .generation import XPressCandidateGenerator, is_xpress_drafter
+from .modeling_xpress import XPressDrafterModel
+
+DRAFTER = "__HF_XPRESS_DRAFTER__"  # replaced by hf_xpress.hub.publish with the repository it is published in
+_LOADED: dict = {}
+
+
+def _load_drafter(source: str, target) -> XPressDrafterModel:
+    key = (str(source), str(target.device), target.dtype)
+    if key not in _LOADED:
+        drafter = XPressDrafterModel.from_pretrained(source)
+        _LOADED[key] = drafter.to(device=target.device, dtype=target.dtype).eval()
+    return _LOADED[key]
+
+
+def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_passes=None, **kwargs):
+    """`model.generate(*args, **kwargs)` with xPress drafting (see the module docstring)."""
+    if assistant_model is not None:
+        drafter = assistant_model
+    else:
+        source = xpress_drafter or (None if DRAFTER.startswith("__HF_XPRESS") else DRAFTER)
+        if source is None:
+            raise ValueError("This custom_generate folder names no drafter: pass assistant_model= or xpress_drafter=.")
+        drafter = _load_drafter(source, model)
+    if not is_xpress_drafter(drafter):
+        raise ValueError(f"assistant_model must be an xPress drafter, got model_type {drafter.config.model_type!r}.")
+    for key in ("custom_generate", "trust_remote_code"):
+        kwargs.pop(key, None)
+    original_get = type(model)._get_candidate_generator
+    original_passes = drafter.config.jacobi_passes
+
+    def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+                                 assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
+        if assistant_model is drafter and generation_config.speculation_type != "dflash":
+            return XPressCandidateGenerator(self, drafter, generation_config, logits_processor)
+        return original_get(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+                            assistant_model, target_tokenizer, assistant_tokenizer)
+
+    # Only this call on this model: an instance attribute shadows the class method and is removed afterwards.
+    model._get_candidate_generator = types.MethodType(_get_candidate_generator, model)
+    if jacobi_passes is not None:
+        drafter.config.jacobi_passes = int(jacobi_passes)
+    try:
+        return type(model).generate(model, *args, assistant_model=drafter, **kwargs)
+    finally:
+        del model._get_candidate_generator
+        drafter.config.jacobi_passes = original_passes

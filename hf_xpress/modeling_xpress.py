@@ -398,6 +398,9 @@ class XPressDrafterModel(XPressPreTrainedModel):
             raw, _ = XPressDrafterConfig.get_config_dict(pretrained_model_name_or_path, **config_kwargs)
             model_type = raw.get("model_type")
             if model_type != XPressDrafterConfig.model_type:
+                converted = _convert_foreign_folder(pretrained_model_name_or_path, kwargs.get("dtype"))
+                if converted is not None:
+                    return converted
                 raise ValueError(
                     f"{pretrained_model_name_or_path} is not an xPress drafter checkpoint (config model_type "
                     f"{model_type!r}, expected 'xpress_drafter'). To import z-lab dFlash or official xPress/Markov "
@@ -535,6 +538,22 @@ class XPressDrafterModel(XPressPreTrainedModel):
             logits[:, k : k + 1] = hook(base_logits[:, k : k + 1].float() + self.refiner(prev).float(), k, tokens)
             tokens[:, k : k + 1] = prev = pick(logits[:, k : k + 1], k)
         return DraftProposal(tokens, logits, base_logits.shape[1])
+
+
+def _convert_foreign_folder(path, dtype) -> "XPressDrafterModel | None":
+    """A local z-lab dFlash, MuseGlimmer or vLLM-export folder, converted with `hf_xpress.conversion` when the package
+    is installed (this file also runs as remote code without it). None when that does not apply."""
+    try:
+        from hf_xpress.conversion import ConversionError, detect_format, load_checkpoint
+    except ImportError:
+        return None
+    try:
+        fmt = detect_format(path)
+    except ConversionError:
+        return None
+    if fmt not in ("dflash", "muse_glimmer", "vllm_xpress", "vllm_dspark"):
+        return None
+    return load_checkpoint(path, dtype=dtype).eval()
 
 
 def _attention_bias(attention_mask: torch.Tensor | None, q: int, kv: int, dtype: torch.dtype) -> torch.Tensor | None:

@@ -288,6 +288,9 @@ def test_zlab_dflash_folder_converts_to_the_same_logits(tmp_path, target):
     expected = reference_hidden(w, features, block)
     close(ours(drafter, features, block), expected)
     close(logits(target, ours(drafter, features, block)), logits(target, expected))
+    # the natural entry point reads the folder too
+    direct = XPressDrafterModel.from_pretrained(folder)
+    close(ours(direct, features, block), expected)
     # a drafter with its own conversion target: depth and vocabulary come from / are checked against it
     with pytest.raises(cv.ConversionError, match="trained for a 6-layer target"):
         cv.load_dflash(folder, target=Qwen3Config(num_hidden_layers=8, vocab_size=V))

@@ -637,5 +637,7 @@ def test_foreign_and_corrupt_folders_are_refused(tmp_path, target):
     causal = write_zlab(tmp_path / "causal", dflash_config={"mask_token_id": MASK, "target_layer_ids": IDS, "causal": True})
     with pytest.raises(cv.ConversionError, match="causal"):
         cv.load_dflash(causal)
-    with pytest.raises(ValueError, match="use `hf_xpress.conversion`"):  # our loader points the way
-        XPressDrafterModel.from_pretrained(write_zlab(tmp_path / "zlab"))
+    # our loader converts a dFlash folder itself, and points the way for anything else
+    assert XPressDrafterModel.from_pretrained(write_zlab(tmp_path / "zlab")).config.refiner is None
+    with pytest.raises(ValueError, match="not an xPress drafter checkpoint .*use `hf_xpress.conversion`"):
+        XPressDrafterModel.from_pretrained(tmp_path / "qwen3")

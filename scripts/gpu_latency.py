@@ -1,0 +1,157 @@
+"""Per-block latency at Qwen3-8B scale on one GPU (issue: GPU latency), random weights, no downloads.
+
+Target: Qwen3-8B-shaped (36 layers, hidden 4096, 32/8 heads, vocab 151936, bf16). Drafter: the 5-layer dFlash-b16
+shape (intermediate 12288, target layers [1, 9, 17, 25, 33]) with the xPress head (r = 256). Measures, at batch 1,
+`hf_xpress.benchmarking.block_latency` twice (eager refinement, then `enable_fast_refine()`: the fixed-K loop compiled
+with torch.compile mode="reduce-overhead", i.e. one CUDA graph), and at batch 16 the refiner's fixed-K loop alone
+(eager vs compiled) and the target's verify forward. Prints one table, writes JSON.
+
+    python scripts/gpu_latency.py --out results/gpu/latency.json            # on the GPU machine
+    python scripts/gpu_latency.py --tiny --out /tmp/gpu_latency_tiny.json   # CPU smoke test of this script
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import hf_xpress  # noqa: E402
+from hf_xpress import XPressDrafterModel  # noqa: E402
+from hf_xpress.benchmarking import block_latency  # noqa: E402
+
+QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960)
+TINY = dict(vocab_size=4096, hidden_size=256, intermediate_size=512, num_hidden_layers=8,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=4096)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_ms(fn, device: torch.device, repeats: int, warmup: int = 5) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2] * 1e3
+
+
+def batched(target, drafter, batch: int, passes: list[int], context_length: int, repeats: int) -> dict:
+    """Batch `batch`: the refiner's fixed-K loop (eager vs compiled) and the target's verify forward over B tokens."""
+    device, B, V = target.device, drafter.config.block_size, drafter.config.vocab_size
+    refiner = drafter.refiner
+    hidden = torch.randn(batch, B, drafter.config.hidden_size, device=device, dtype=target.dtype)
+    hidden_part = refiner.hidden_part(hidden)
+    base = torch.randn(batch, B - 1, V, device=device)
+    lead = torch.randint(0, V, (batch, 2), device=device)
+    noise = torch.zeros_like(base)
+    compiled = torch.compile(refiner.refine_fixed, fullgraph=True, mode="reduce-overhead" if device.type == "cuda" else None)
+    out = {"batch": batch, "refine_eager_ms": {}, "refine_compiled_ms": {}}
+    for k in passes:
+        out["refine_eager_ms"][k] = _median_ms(lambda: refiner.refine_fixed(hidden_part, base, lead, noise, k), device, repeats)
+        out["refine_compiled_ms"][k] = _median_ms(lambda: compiled(hidden_part, base, lead, noise, k), device, repeats)
+    ids = torch.randint(0, V, (batch, context_length + B), device=device)
+    cache = DynamicCache(config=target.config)
+    target(ids[:, :context_length], cache=cache, use_cache=True, logits_to_keep=1)
+    layers = [i + 1 for i in drafter.config.target_layer_ids]
+
+    def verify():
+        target(ids[:, context_length:], cache=cache, use_cache=True, output_hidden_states=layers, logits_to_keep=B)
+        cache.crop(-B)
+
+    out["verify_ms"] = _median_ms(verify, device, repeats)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="results/gpu/latency.json")
+    parser.add_argument("--tiny", action="store_true", help="small sizes, for a CPU smoke test of the script")
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--batches", default="16", help="extra batch sizes for the refiner/verify table, e.g. 16,32")
+    args = parser.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
+    # K is a Python int, so each K is its own compiled graph (and CUDA graph): allow one per K and batch size.
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 64)
+    dtype = torch.bfloat16
+    sizes = TINY if args.tiny else QWEN3_8B
+    torch.manual_seed(0)
+    started = time.time()
+    with torch.device(device):
+        torch.set_default_dtype(dtype)
+        target = Qwen3ForCausalLM(Qwen3Config(**sizes)).eval()
+        drafter = XPressDrafterModel.from_target(
+            target, refiner="xpress", num_hidden_layers=5, intermediate_size=sizes["intermediate_size"],
+            refiner_rank=256, mask_token_id=sizes["vocab_size"] - 1,
+        ).eval()
+        torch.set_default_dtype(torch.float32)
+    print(f"built target + drafter on {device} in {time.time() - started:.1f}s", flush=True)
+    passes = list(range(1, 9))
+    report = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "sizes": sizes,
+        "drafter_target_layer_ids": drafter.config.target_layer_ids,
+    }
+    with torch.no_grad():
+        repeats = 5 if args.tiny else args.repeats
+        report["batch1_eager"] = block_latency(target, drafter, passes=passes, context_length=args.context,
+                                               repeats=repeats, verbose=True)
+        drafter.enable_fast_refine(mode="reduce-overhead" if device.type == "cuda" else None)
+        report["batch1_compiled"] = block_latency(target, drafter, passes=passes, context_length=args.context,
+                                                  repeats=repeats, verbose=True)
+        drafter.disable_fast_refine()
+        report["batched"] = [batched(target, drafter, int(b), passes, args.context, repeats)
+                             for b in args.batches.split(",") if b]
+
+    eager, graphed = report["batch1_eager"], report["batch1_compiled"]
+    k4 = min(eager["refine_ms"][4], graphed["refine_ms"][4])
+    report["goals"] = {
+        "k4_refine_us": k4 * 1e3,
+        "paper_k4_us": 379.0,
+        "k4_at_or_under_paper": k4 * 1e3 <= 379.0,
+        "markov_us": eager["markov_ms"] * 1e3,
+        "k4_under_markov": k4 < eager["markov_ms"],
+        "k4_over_verify": k4 / eager["verify_ms"],
+        "k4_under_10pct_of_verify": k4 < 0.1 * eager["verify_ms"],
+        "per_pass_us_eager": eager["per_pass_ms"] * 1e3,
+        "per_pass_us_compiled": graphed["per_pass_ms"] * 1e3,
+    }
+    print("\nK    eager us   compiled us")
+    for k in passes:
+        print(f"{k:<4d} {eager['refine_ms'][k] * 1e3:9.0f}   {graphed['refine_ms'][k] * 1e3:9.0f}")
+    print(f"Markov 15 steps: {eager['markov_ms'] * 1e3:.0f} us; drafter forward {eager['drafter_forward_ms'] * 1e3:.0f} us; "
+          f"lm_head {eager['lm_head_ms'] * 1e3:.0f} us; verify(16) {eager['verify_ms'] * 1e3:.0f} us; "
+          f"decode step {eager['decode_step_ms'] * 1e3:.0f} us")
+    for row in report["batched"]:
+        print(f"batch {row['batch']}: K=4 eager {row['refine_eager_ms'][4] * 1e3:.0f} us, compiled "
+              f"{row['refine_compiled_ms'][4] * 1e3:.0f} us, verify {row['verify_ms'] * 1e3:.0f} us")
+    print(json.dumps(report["goals"], indent=1))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+    print(f"wrote {args.out} ({time.time() - started:.0f}s total)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -206,7 +206,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         prefix_free = all(type(p) in PREFIX_FREE_PROCESSORS for p in processors)
 
         def hook(scores: torch.Tensor, start: int, cond: torch.LongTensor | None) -> torch.Tensor:
-            rows = scores[0]
+            rows = scores[0].clone()  # a processor may work in place; `scores` can be the drafter's base logits
             if prefix_free:
                 return processors(input_ids.expand(rows.shape[0], -1), rows).unsqueeze(0)
             out = torch.empty_like(rows)

@@ -500,42 +500,50 @@ class XPressDrafterModel(XPressPreTrainedModel):
         def pick(scores: torch.Tensor, start: int) -> torch.LongTensor:
             return (scores if noise is None else scores + noise[:, start : start + scores.shape[1]]).argmax(dim=-1)
 
+        base_logits = base_logits.float()  # no copy when already float32; never written to
         if isinstance(self.refiner, XPressMarkovHead):
             return self._propose_markov(base_logits, lead_tokens[:, 1:], pick, hook)
 
-        logits = hook(base_logits.float().clone(), 0, None)  # updated in place below; never alias the input
+        logits = hook(base_logits, 0, None)
         tokens = pick(logits, 0)
         if not isinstance(self.refiner, XPressRefiner) or passes == 0:
             return DraftProposal(tokens, logits, 0)
 
         hidden_part = self.refiner.hidden_part(hidden)
-        if self._fast_refine is not None and not early_stop and logits_hook is None:
-            zeros = torch.zeros_like(base_logits, dtype=torch.float32) if noise is None else noise
-            tokens, logits = self._fast_refine(hidden_part, base_logits.float(), lead_tokens, zeros, passes)
-            return DraftProposal(tokens.clone(), logits.clone(), passes)  # clone: graph outputs are reused buffers
+        if not early_stop:
+            if self._fast_refine is not None and logits_hook is None:
+                zeros = torch.zeros_like(base_logits) if noise is None else noise
+                tokens, logits = self._fast_refine(hidden_part, base_logits, lead_tokens, zeros, passes)
+                return DraftProposal(tokens.clone(), logits.clone(), passes)  # clone: graph outputs are reused buffers
+            for _ in range(passes):
+                prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)  # [1, B]: token before each slot
+                logits = hook(base_logits + self.refiner.delta(hidden_part, prev), 0, tokens)  # float32 by promotion
+                tokens = pick(logits, 0)
+            return DraftProposal(tokens, logits, passes)
+
+        # Early stop: rows up to the first one that changed are locked; only the rest is recomputed.
+        logits = logits.clone() if logits is base_logits else logits  # written in place below
         num_slots, start, run = tokens.shape[1], 0, 0
         while run < passes and start < num_slots:
-            prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)  # [1, B]: token before each slot
-            delta = self.refiner.delta(hidden_part, prev, start=start + 1)
-            new_logits = hook(base_logits[:, start:] + delta.float(), start, tokens)
+            prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)
+            new_logits = hook(base_logits[:, start:] + self.refiner.delta(hidden_part, prev, start=start + 1), start, tokens)
             new_tokens = pick(new_logits, start)
             run += 1
-            changed = (new_tokens != tokens[:, start:])[0].nonzero() if early_stop else None
+            changed = (new_tokens != tokens[:, start:])[0].nonzero()
             logits[:, start:] = new_logits
             tokens[:, start:] = new_tokens
-            if early_stop:
-                if changed.numel() == 0:
-                    break
-                start += int(changed[0]) + 1
+            if changed.numel() == 0:
+                break
+            start += int(changed[0]) + 1
         return DraftProposal(tokens, logits, run)
 
     def _propose_markov(self, base_logits, anchor, pick, hook) -> DraftProposal:
         """Left-to-right: slot k's logits are `s_k + w2(w1[token at k-1])`, one serial step per slot."""
-        logits = torch.empty_like(base_logits, dtype=torch.float32)
+        logits = torch.empty_like(base_logits)
         tokens = torch.empty(base_logits.shape[:2], dtype=torch.long, device=base_logits.device)
         prev = anchor
         for k in range(base_logits.shape[1]):
-            logits[:, k : k + 1] = hook(base_logits[:, k : k + 1].float() + self.refiner(prev).float(), k, tokens)
+            logits[:, k : k + 1] = hook(base_logits[:, k : k + 1] + self.refiner(prev), k, tokens)
             tokens[:, k : k + 1] = prev = pick(logits[:, k : k + 1], k)
         return DraftProposal(tokens, logits, base_logits.shape[1])
 

@@ -46,6 +46,11 @@ class XPressDrafterConfig(PreTrainedConfig):
         jacobi_passes (`int`): K, the number of parallel refinement passes per block.
         jacobi_early_stop (`bool`): lock the converged prefix and stop once a pass changes nothing. Both are
             exact: the result equals that of `jacobi_passes` full passes, for less work.
+        refiner_shortlist (`int`, *optional*): if set to M, each Jacobi pass computes the refiner's bias only for the
+            M tokens the drafter ranks highest at each slot, and drafts (and their logits, -inf elsewhere) are chosen
+            among them. Cuts a pass from (B-1) x r x V to (B-1) x r x M multiply-adds (what bounds it on CPUs);
+            still lossless (tokens are exact samples of the returned logits). None (default): the full vocabulary,
+            as in the paper. Applies when no logits processor is active.
         target_model_type (`str`, *optional*): `model_type` of the target, recorded for error messages.
     """
 
@@ -85,6 +90,7 @@ class XPressDrafterConfig(PreTrainedConfig):
     refiner_mlp_ratio: int = 2
     jacobi_passes: int = 6
     jacobi_early_stop: bool = True
+    refiner_shortlist: int | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
         if self.target_hidden_size is None:
@@ -123,6 +129,10 @@ class XPressDrafterConfig(PreTrainedConfig):
             )
         if self.jacobi_passes < 0:
             raise ValueError(f"XPressDrafterConfig: jacobi_passes must be >= 0, got {self.jacobi_passes}.")
+        if self.refiner_shortlist is not None and not 1 <= self.refiner_shortlist <= self.vocab_size:
+            raise ValueError(
+                f"XPressDrafterConfig: refiner_shortlist must be None or in [1, vocab_size], got {self.refiner_shortlist}."
+            )
         if self.refiner_rank < 1 or self.refiner_mlp_ratio < 1:
             raise ValueError("XPressDrafterConfig: refiner_rank and refiner_mlp_ratio must be positive.")
         if self.num_attention_heads % self.num_key_value_heads:

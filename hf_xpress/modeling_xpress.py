@@ -206,9 +206,20 @@ class XPressRefiner(nn.Module):
         hidden_part: `[N, B, r]` from `hidden_part()`; prev_tokens: `[N, B]`, the token before each slot
         (slot 0: the token before the anchor). Returns `[N, B - start, V]`.
         """
+        return self.w2(self.features(hidden_part, prev_tokens, start))
+
+    def features(self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, start: int = 1) -> torch.Tensor:
+        """Fuse, Mix and Trans: the r-dim input of the read-out `w2` for slots `start..B-1`, `[N, B - start, r]`."""
         x = hidden_part + self.w1(prev_tokens) @ self.in_proj.weight[:, 2 * self.rank :].T
         x = self.mix(x)[:, start:]
-        return self.w2(x + self.mlp(x))
+        return x + self.mlp(x)
+
+    def delta_shortlist(
+        self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, candidates: torch.LongTensor, start: int = 1
+    ) -> torch.Tensor:
+        """`delta` read for `candidates` `[N, B - start, M]` token ids only: `[N, B - start, M]`."""
+        x = self.features(hidden_part, prev_tokens, start)
+        return torch.einsum("nkr,nkmr->nkm", x, self.w2.weight[candidates])
 
     def forward(self, hidden: torch.Tensor, prev_tokens: torch.LongTensor) -> torch.Tensor:
         """Teacher-forced bias for slots 1..B-1: hidden `[N, B, H]`, prev_tokens `[N, B]` -> `[N, B-1, V]`."""
@@ -510,32 +521,47 @@ class XPressDrafterModel(XPressPreTrainedModel):
             return DraftProposal(tokens, logits, 0)
 
         hidden_part = self.refiner.hidden_part(hidden)
-        if not early_stop:
-            if self._fast_refine is not None and logits_hook is None:
-                zeros = torch.zeros_like(base_logits) if noise is None else noise
-                tokens, logits = self._fast_refine(hidden_part, base_logits, lead_tokens, zeros, passes)
-                return DraftProposal(tokens.clone(), logits.clone(), passes)  # clone: graph outputs are reused buffers
-            for _ in range(passes):
-                prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)  # [1, B]: token before each slot
-                logits = hook(base_logits + self.refiner.delta(hidden_part, prev), 0, tokens)  # float32 by promotion
-                tokens = pick(logits, 0)
-            return DraftProposal(tokens, logits, passes)
+        if not early_stop and self._fast_refine is not None and logits_hook is None:
+            zeros = torch.zeros_like(base_logits) if noise is None else noise
+            tokens, logits = self._fast_refine(hidden_part, base_logits, lead_tokens, zeros, passes)
+            return DraftProposal(tokens.clone(), logits.clone(), passes)  # clone: graph outputs are reused buffers
 
-        # Early stop: rows up to the first one that changed are locked; only the rest is recomputed.
-        logits = logits.clone() if logits is base_logits else logits  # written in place below
+        # What one pass scores: every token (the paper), or a per-slot shortlist of the drafter's top-M tokens.
+        shortlist = self.config.refiner_shortlist if logits_hook is None else None
+        if shortlist is None:
+            base = base_logits
+            bias = lambda prev, start: self.refiner.delta(hidden_part, prev, start + 1)  # noqa: E731
+            choose = pick
+        else:
+            candidates = logits.topk(min(shortlist, logits.shape[-1]), dim=-1).indices  # [1, B-1, M]
+            base = base_logits.gather(-1, candidates)
+            cand_noise = None if noise is None else noise.gather(-1, candidates)
+            bias = lambda prev, start: self.refiner.delta_shortlist(  # noqa: E731
+                hidden_part, prev, candidates[:, start:], start + 1
+            )
+
+            def choose(scores: torch.Tensor, start: int) -> torch.LongTensor:
+                scores = scores if cand_noise is None else scores + cand_noise[:, start : start + scores.shape[1]]
+                return candidates[:, start : start + scores.shape[1]].gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
+
         num_slots, start, run = tokens.shape[1], 0, 0
+        scores = base.clone()  # written in place (rows start..) below
         while run < passes and start < num_slots:
-            prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)
-            new_logits = hook(base_logits[:, start:] + self.refiner.delta(hidden_part, prev, start=start + 1), start, tokens)
-            new_tokens = pick(new_logits, start)
+            prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)  # [1, B]: the token before each slot
+            new_scores = hook(base[:, start:] + bias(prev, start), start, tokens)  # float32 by promotion
+            new_tokens = choose(new_scores, start)
             run += 1
-            changed = (new_tokens != tokens[:, start:])[0].nonzero()
-            logits[:, start:] = new_logits
+            if early_stop:  # rows up to the first one that changed are locked: their inputs no longer change
+                changed = (new_tokens != tokens[:, start:])[0].nonzero()
+            scores[:, start:] = new_scores
             tokens[:, start:] = new_tokens
-            if changed.numel() == 0:
-                break
-            start += int(changed[0]) + 1
-        return DraftProposal(tokens, logits, run)
+            if early_stop:
+                if changed.numel() == 0:
+                    break
+                start += int(changed[0]) + 1
+        if shortlist is not None:
+            scores = torch.full_like(base_logits, float("-inf")).scatter_(-1, candidates, scores)
+        return DraftProposal(tokens, scores, run)
 
     def _propose_markov(self, base_logits, anchor, pick, hook) -> DraftProposal:
         """Left-to-right: slot k's logits are `s_k + w2(w1[token at k-1])`, one serial step per slot."""

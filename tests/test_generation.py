@@ -232,12 +232,15 @@ def _bound(dof: int) -> float:
     return dof + 6 * (2 * dof) ** 0.5
 
 
-@pytest.mark.parametrize("processing", [dict(top_k=0), dict(temperature=0.7, top_k=3)])
-def test_sampling_keeps_the_target_distribution_and_a_biased_q_is_caught(processing, monkeypatch):
+@pytest.mark.parametrize(
+    "processing, shortlist", [(dict(top_k=0), None), (dict(temperature=0.7, top_k=3), None), (dict(top_k=0), 2)]
+)
+def test_sampling_keeps_the_target_distribution_and_a_biased_q_is_caught(processing, shortlist, monkeypatch):
     """4 new tokens: the first from the prefill, then 2 drafts (slot 2's q depends on slot 1's token through the
     refiner) and a bonus/correction. 1500 samples; the joint of the 4 tokens (256 cells, ~70 with 5+ expected
     samples) must match the target's exact joint; 500 samples from a sampler with the wrong q fail the same bound."""
     target, drafter = _peaky_pair(seed=7)
+    drafter.config.refiner_shortlist = shortlist  # 2 of the 4 tokens: drafts restricted to the drafter's top 2
     prompt = torch.tensor([[1, 2, 0]])
     exact = _exact_joint(target, prompt, 4, **processing)
     counts = _sample_counts(target, drafter, prompt, 4, 1500, **processing)

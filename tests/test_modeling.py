@@ -232,3 +232,42 @@ def test_fixed_pass_refinement_compiles_without_graph_breaks_and_matches_the_eag
 def test_fast_refine_needs_an_xpress_refiner():
     with pytest.raises(ValueError, match="needs an xPress refiner"):
         tiny_drafter(tiny_target("qwen3"), refiner="markov").enable_fast_refine()
+
+
+# ---- shortlist: the refiner's bias read for the drafter's top-M tokens only ----------------------------------------
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_shortlisted_jacobi_reaches_the_shortlisted_sequential_decode(sample):
+    torch.manual_seed(11)
+    drafter = tiny_drafter(tiny_target("llama"), refiner_shortlist=8)
+    hidden = torch.randn(1, B, 64)
+    base_logits = torch.randn(1, B - 1, 128) * 2
+    lead = torch.randint(0, 128, (1, 2))
+    noise = -torch.log(-torch.log(torch.rand(1, B - 1, 128))) if sample else None
+    candidates = base_logits.topk(8, dim=-1).indices
+    # left to right, each slot choosing among its 8 candidates
+    tokens = torch.zeros(1, B - 1, dtype=torch.long)
+    for k in range(1, B):
+        prev = torch.cat([lead, tokens[:, :-1]], dim=1)
+        scores = base_logits[:, k - 1] + drafter.refiner(hidden, prev)[:, k - 1]
+        if noise is not None:
+            scores = scores + noise[:, k - 1]
+        tokens[0, k - 1] = candidates[0, k - 1, scores[0, candidates[0, k - 1]].argmax()]
+    for early_stop in (False, True):
+        out = drafter.propose(hidden, base_logits, lead, passes=B - 1, early_stop=early_stop, noise=noise)
+        assert torch.equal(out.tokens, tokens)
+        # logits: -inf outside the shortlist, and the tokens are their (Gumbel-)argmax
+        assert torch.isinf(out.logits).sum() == (B - 1) * (128 - 8)
+        assert torch.equal((out.logits + (0 if noise is None else noise)).argmax(-1), out.tokens)
+
+
+def test_a_full_vocabulary_shortlist_is_the_plain_refiner():
+    torch.manual_seed(12)
+    drafter = tiny_drafter(tiny_target("qwen3"))
+    hidden, base_logits, lead = torch.randn(1, B, 64), torch.randn(1, B - 1, 128) * 2, torch.randint(0, 128, (1, 2))
+    plain = drafter.propose(hidden, base_logits, lead, passes=4)
+    drafter.config.refiner_shortlist = 128
+    full = drafter.propose(hidden, base_logits, lead, passes=4)
+    assert torch.equal(plain.tokens, full.tokens)
+    torch.testing.assert_close(plain.logits, full.logits)

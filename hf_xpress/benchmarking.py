@@ -1,0 +1,1417 @@
+"""`hf-xpress bench`: acceptance length and speed of xPress against every baseline, on real prompts, with plots.
+
+Two entry points:
+
+* :func:`run_benchmark` (CLI: ``hf-xpress bench ...``): every method on the same prompts in one process. For each
+  prompt the methods run one after the other, in an order rotated from prompt to prompt (so slow drift of the
+  machine does not favour one method), after one warm-up run of each method. Methods: plain ``generate``
+  (tau = 1), transformers' prompt-lookup decoding, transformers' assisted decoding with a classic assistant
+  (``--assistant``), transformers' native ``speculation_type="dflash"`` path, and ours with every drafter given
+  (dFlash-only, Markov head, xPress at each K with early stop on and off). Every greedy output is compared with
+  plain ``generate``; mismatches are printed loudly with the first differing position and the target's top-2 logit
+  gap there (a near-tie in low precision, or a bug if the gap is large). Writes ``results.json`` (every figure),
+  ``report.md`` (tables) and PNG plots into ``--out``.
+* :func:`block_latency` (CLI: ``hf-xpress bench --block-only``): per-block micro-benchmark at block size B: the
+  drafter forward (+ base logits through the target's lm_head), refiner time for K = 1..8 (fixed passes, early stop
+  off), the Markov head's sequential decode, the refiner's pieces (w2 read vs lm_head), and the target's verify
+  forward over B tokens against one decode step. Median of repeats; device-generic (synchronises on CUDA), so the
+  same function times Qwen3-8B sizes on a GPU.
+
+How the figures are measured:
+
+* ``tau`` = mean accepted drafts per drafting round + 1 (the bonus token); ``tokens_per_forward`` = new tokens /
+  target forwards (prefill included), defined for every method. Rounds are recorded for every speculative method
+  by wrapping the candidate generator that ``generate`` builds (``get_candidates`` / ``update_candidate_strategy``),
+  so transformers' own methods get per-slot acceptance too.
+* Target forwards are timed with forward hooks (prefill, decode steps, verify forwards).
+* Our drafters' per-round split (draft / refine / verify) comes from ``drafter.stats``; "other" is the rest of the
+  wall time (generate's loop, cache crops, stopping criteria) per round.
+* Decomposition: ``predicted speed-up = tau x t_step / (t_draft + t_refine + t_verify)`` per round, with
+  ``t_step`` = plain ``generate``'s wall time per token after the prefill, measured on the same prompts;
+  ``break-even tau = (t_draft + t_refine + t_verify) / t_step``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as _dt
+import functools
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PLAIN = "plain"
+DEFAULT_PASSES = (1, 2, 4, 6, 8)
+DEFAULT_SETS = ("humaneval", "mtbench", "math500")
+PROMPT_LOOKUP_TOKENS = 10
+NEAR_TIE_ULPS = 4  # a first mismatch whose top-2 gap is within this many ulps (target dtype) counts as a near-tie
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Clocks
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _sync(device: torch.device | str | None) -> None:
+    device = torch.device(device) if device is not None else None
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device is not None and device.type == "xpu" and hasattr(torch, "xpu"):
+        torch.xpu.synchronize(device)
+    elif device is not None and device.type == "mps":
+        torch.mps.synchronize()
+
+
+def _now(device: torch.device | str | None = None) -> float:
+    _sync(device)
+    return time.perf_counter()
+
+
+def _median_time(fn: Callable[[], Any], device, repeats: int, warmup: int) -> float:
+    """Median wall time of `fn()` in seconds (synchronised before and after on accelerators)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = _now(device)
+        fn()
+        times.append(_now(device) - start)
+    return statistics.median(times)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Methods
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Method:
+    """One decoding method of the benchmark.
+
+    kind: "plain", "pld" (prompt lookup), "assisted" (classic assistant), "native-dflash", "dflash" / "markov" /
+    "xpress" (ours, by the drafter's refiner), or "custom" (``runner(target, input_ids, generate_kwargs)`` returns
+    the output ids; used by tests and for experiments).
+    """
+
+    name: str
+    kind: str
+    model: Any = None  # drafter or assistant
+    label: str | None = None  # drafter/assistant label (folder name)
+    passes: int | None = None  # xPress: K
+    early_stop: bool | None = None  # xPress: lock converged prefix and stop early
+    shortlist: int | None = None  # xPress: refiner_shortlist (None: full vocabulary)
+    generate_kwargs: dict = field(default_factory=dict)
+    runner: Callable | None = None
+
+    def describe(self) -> dict:
+        out = {"name": self.name, "kind": self.kind, "label": self.label}
+        if self.kind == "xpress":
+            out.update(passes=self.passes, early_stop=self.early_stop, shortlist=self.shortlist)
+        if self.model is not None and getattr(self.model, "config", None) is not None:
+            cfg = self.model.config
+            out["model"] = {
+                "class": type(self.model).__name__,
+                "layers": getattr(cfg, "num_hidden_layers", None),
+                "block_size": getattr(cfg, "block_size", None),
+                "refiner": getattr(cfg, "refiner", None),
+                "parameters": sum(p.numel() for p in self.model.parameters()),
+            }
+        return out
+
+    @property
+    def ours(self) -> bool:
+        return self.kind in ("dflash", "markov", "xpress")
+
+
+def _drafter_kind(drafter) -> str:
+    refiner = getattr(drafter.config, "refiner", None)
+    return {"xpress": "xpress", "markov": "markov"}.get(refiner, "dflash")
+
+
+def build_methods(
+    drafters: Sequence[tuple[str, Any]] = (),
+    *,
+    assistant: tuple[str, Any] | None = None,
+    passes: Iterable[int] = DEFAULT_PASSES,
+    early_stop: Iterable[bool] = (True, False),
+    shortlists: Iterable[int | None] = (None,),
+    prompt_lookup: int | None = PROMPT_LOOKUP_TOKENS,
+    native_dflash: bool = True,
+) -> list[Method]:
+    """The method list: plain, prompt lookup, assisted (if `assistant`), native DFlash, then ours per drafter.
+
+    drafters: ``(label, XPressDrafterModel)`` pairs. The native DFlash path runs each refiner-less drafter (or, when
+    there is none, the first drafter's base, labelled so). Names carry the label only when two drafters of the same
+    kind are given.
+    """
+    passes, early_stop, shortlists = list(passes), list(early_stop), list(shortlists)
+    methods = [Method(PLAIN, "plain")]
+    if prompt_lookup:
+        methods.append(Method("prompt-lookup", "pld", generate_kwargs={"prompt_lookup_num_tokens": prompt_lookup}))
+    if assistant is not None:
+        label, model = assistant
+        methods.append(Method(f"assisted[{label}]", "assisted", model=model, label=label))
+    kinds = [_drafter_kind(d) for _, d in drafters]
+
+    def tag(kind: str, label: str) -> str:
+        return f"[{label}]" if kinds.count(kind) > 1 else ""
+
+    if native_dflash and drafters:
+        plain_drafters = [(label, d) for (label, d), k in zip(drafters, kinds) if k == "dflash"]
+        if plain_drafters:
+            for label, d in plain_drafters:
+                methods.append(Method(f"native-dflash{tag('dflash', label)}", "native-dflash", model=d, label=label))
+        else:
+            label, d = drafters[0]
+            methods.append(Method(f"native-dflash[{label} base]", "native-dflash", model=d, label=label))
+    for (label, d), kind in zip(drafters, kinds):
+        if kind != "xpress":
+            methods.append(Method(f"{kind}{tag(kind, label)}", kind, model=d, label=label))
+            continue
+        for k in passes:
+            for es in early_stop if k > 0 else [False]:
+                for sl in shortlists if k > 0 else [None]:
+                    name = f"xpress{tag(kind, label)} K={k}" + (" es" if es else "") + (f" sl{sl}" if sl else "")
+                    methods.append(
+                        Method(name, "xpress", model=d, label=label, passes=k, early_stop=es, shortlist=sl)
+                    )
+    names = [m.name for m in methods]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate method names: {names}")
+    return methods
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Instrumentation: target forward times, and per-round proposed / accepted counts of any candidate generator
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class _Recorder:
+    def __init__(self, device):
+        self.device = device
+        self.reset()
+
+    def reset(self) -> None:
+        self.forward_times: list[float] = []
+        self.proposed: list[int] = []
+        self.accepted: list[int] = []
+        self._pending = 0
+        self._start = 0.0
+
+    def pre_hook(self, module, args, kwargs=None):
+        self._start = _now(self.device)
+
+    def post_hook(self, module, args, *rest):
+        self.forward_times.append(_now(self.device) - self._start)
+
+    def wrap_generator(self, generator):
+        recorder = self
+        get_candidates = generator.get_candidates
+        update = generator.update_candidate_strategy
+
+        def wrapped_get_candidates(input_ids, *args, **kwargs):
+            out = get_candidates(input_ids, *args, **kwargs)
+            recorder._pending = out[0].shape[1] - input_ids.shape[1]
+            return out
+
+        def wrapped_update(input_ids, scores, num_matches, *args, **kwargs):
+            if recorder._pending > 0:
+                recorder.proposed.append(int(recorder._pending))
+                recorder.accepted.append(int(num_matches))
+            recorder._pending = 0
+            return update(input_ids, scores, num_matches, *args, **kwargs)
+
+        generator.get_candidates = wrapped_get_candidates
+        generator.update_candidate_strategy = wrapped_update
+        return generator
+
+
+@contextlib.contextmanager
+def _instrumented(target):
+    """Forward hooks on `target` and a wrapper around `_get_candidate_generator`; both removed on exit."""
+    from transformers import GenerationMixin
+
+    recorder = _Recorder(target.device)
+    handles = [
+        target.register_forward_pre_hook(recorder.pre_hook),
+        target.register_forward_hook(recorder.post_hook),
+    ]
+    original = GenerationMixin._get_candidate_generator
+
+    @functools.wraps(original)  # keeps hf_xpress's `_hf_xpress` marker, so `install()` stays idempotent
+    def _get_candidate_generator(self, *args, **kwargs):
+        return recorder.wrap_generator(original(self, *args, **kwargs))
+
+    GenerationMixin._get_candidate_generator = _get_candidate_generator
+    try:
+        yield recorder
+    finally:
+        GenerationMixin._get_candidate_generator = original
+        for handle in handles:
+            handle.remove()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# One run
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _generate_kwargs(target, max_new_tokens: int, temperature: float) -> dict:
+    kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+    gen_cfg = getattr(target, "generation_config", None)
+    if getattr(gen_cfg, "pad_token_id", None) is None:
+        eos = getattr(gen_cfg, "eos_token_id", None)
+        eos = eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+        kwargs["pad_token_id"] = eos if eos is not None else 0
+    if temperature and temperature > 0:
+        kwargs.update(do_sample=True, temperature=float(temperature), top_k=0, top_p=1.0, min_p=None)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None, min_p=None)
+    return kwargs
+
+
+@contextlib.contextmanager
+def _drafter_settings(method: Method):
+    """Set K / early stop on the drafter's config for the duration of one run (restored after)."""
+    if method.kind != "xpress":
+        yield
+        return
+    cfg = method.model.config
+    saved = (cfg.jacobi_passes, cfg.jacobi_early_stop, cfg.refiner_shortlist)
+    cfg.jacobi_passes, cfg.jacobi_early_stop, cfg.refiner_shortlist = method.passes, method.early_stop, method.shortlist
+    try:
+        yield
+    finally:
+        cfg.jacobi_passes, cfg.jacobi_early_stop, cfg.refiner_shortlist = saved
+
+
+def run_once(
+    target,
+    method: Method,
+    input_ids: torch.LongTensor,
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+    recorder: _Recorder,
+) -> dict:
+    """Generate once with `method`; return new tokens, wall time, target forwards, rounds and drafter stats."""
+    kwargs = _generate_kwargs(target, max_new_tokens, temperature) | method.generate_kwargs
+    if method.kind in ("assisted", "dflash", "markov", "xpress"):
+        kwargs["assistant_model"] = method.model
+    elif method.kind == "native-dflash":
+        kwargs.update(assistant_model=method.model, speculation_type="dflash")
+    if temperature and temperature > 0:
+        torch.manual_seed(seed)
+    recorder.reset()
+    with _drafter_settings(method), torch.inference_mode():
+        start = _now(target.device)
+        if method.kind == "custom":
+            out = method.runner(target, input_ids, kwargs)
+        else:
+            out = target.generate(input_ids, **kwargs)
+        elapsed = _now(target.device) - start
+    new = out[0, input_ids.shape[1] :].tolist()
+    result = {
+        "method": method.name,
+        "new_tokens": len(new),
+        "time_s": elapsed,
+        "tokens": new,
+        "forwards": len(recorder.forward_times),
+        "prefill_s": recorder.forward_times[0] if recorder.forward_times else float("nan"),
+        "forward_s": sum(recorder.forward_times),
+        "proposed": list(recorder.proposed),
+        "accepted": list(recorder.accepted),
+    }
+    if method.ours and getattr(method.model, "stats", None) is not None:
+        stats = method.model.stats.as_dict()
+        result["stats"] = {k: stats[k] for k in ("rounds", "passes", "draft_time", "refine_time", "verify_time")}
+    return result
+
+
+def first_mismatch(target, prompt_ids: torch.LongTensor, reference: list[int], candidate: list[int]) -> dict | None:
+    """None if `candidate == reference`; else the first differing position (0-based, in new tokens) and the
+    target's top-2 logit gap at that position (computed on the reference prefix, in the target's dtype)."""
+    if candidate == reference:
+        return None
+    pos = next((i for i, (a, b) in enumerate(zip(reference, candidate)) if a != b), min(len(reference), len(candidate)))
+    info: dict[str, Any] = {
+        "position": pos,
+        "reference_len": len(reference),
+        "method_len": len(candidate),
+        "reference_token": reference[pos] if pos < len(reference) else None,
+        "method_token": candidate[pos] if pos < len(candidate) else None,
+    }
+    prefix = torch.tensor([reference[:pos]], dtype=prompt_ids.dtype, device=prompt_ids.device)
+    with torch.inference_mode():
+        logits = target(torch.cat([prompt_ids, prefix], dim=1), logits_to_keep=1).logits[0, -1].float()
+    top = logits.topk(2)
+    top1 = float(top.values[0])
+    # one unit in the last place of the target's dtype at the top logit's magnitude: the rounding step there
+    finfo = torch.finfo(target.dtype)
+    ulp = finfo.eps * 2.0 ** math.floor(math.log2(abs(top1))) if top1 else finfo.tiny
+    gap = float(top.values[0] - top.values[1])
+    info.update(
+        top1_token=int(top.indices[0]),
+        top2_token=int(top.indices[1]),
+        top1_logit=top1,
+        top2_logit_gap=gap,
+        gap_in_ulps=gap / ulp,
+        near_tie=gap <= NEAR_TIE_ULPS * ulp,
+    )
+    if info["method_token"] is not None:
+        info["method_token_logit_gap"] = float(top.values[0] - logits[info["method_token"]])
+    return info
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The benchmark
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _encode_sets(tokenizer, prompt_sets: dict[str, list]) -> dict[str, list[tuple[str, list[int]]]]:
+    from .assets import PromptRecord, apply_chat_template
+
+    encoded = {}
+    for name, records in prompt_sets.items():
+        rows = []
+        for i, rec in enumerate(records):
+            if isinstance(rec, PromptRecord):
+                rows.append((rec.id, apply_chat_template(tokenizer, rec)))
+            elif isinstance(rec, (list, tuple)) and all(isinstance(t, int) for t in rec):
+                rows.append((f"{name}/{i}", list(rec)))
+            else:
+                raise TypeError(f"prompt {i} of set {name!r}: expected a PromptRecord or a list of token ids")
+        encoded[name] = rows
+    return encoded
+
+
+def _machine() -> dict:
+    info = {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    if torch.cuda.is_available():
+        info["cuda_device"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def run_benchmark(
+    target,
+    tokenizer,
+    methods: Sequence[Method],
+    prompt_sets: dict[str, list],
+    *,
+    max_new_tokens: int = 128,
+    temperatures: Sequence[float] = (0.0,),
+    seed: int = 0,
+    warmup: bool = True,
+    progress: bool = True,
+    out_dir: str | os.PathLike | None = None,
+    settings: dict | None = None,
+    block: dict | None = None,
+    target_name: str | None = None,
+) -> dict:
+    """Run every method on every prompt (interleaved, order rotated per prompt), check greedy exactness against
+    plain ``generate``, aggregate, and (if `out_dir`) write ``results.json``, ``report.md`` and the plots.
+
+    prompt_sets: set name -> list of `PromptRecord` (chat template applied with `tokenizer`) or of token-id lists.
+    The first method must be plain ``generate`` (the reference for exactness and speed-up).
+    Returns the results dict (the content of ``results.json``).
+    """
+    from tqdm.auto import tqdm
+
+    methods = list(methods)
+    if not methods or methods[0].kind != "plain":
+        raise ValueError("the first method must be plain generate (kind 'plain'): it is the reference")
+    encoded = _encode_sets(tokenizer, prompt_sets)
+    device = target.device
+    started = _dt.datetime.now(_dt.timezone.utc)
+    load_start = _loadavg()
+    runs: list[dict] = []
+    mismatches: list[dict] = []
+    total = sum(len(rows) for rows in encoded.values()) * len(methods) * len(temperatures)
+
+    with _instrumented(target) as recorder:
+        if warmup:
+            first = next((ids for rows in encoded.values() for _, ids in rows), None)
+            if first is not None:
+                ids = torch.tensor([first], device=device)
+                warm_tokens = min(max_new_tokens, 2 * _block_size(methods) + 2)
+                for method in methods:
+                    for temperature in temperatures:
+                        run_once(target, method, ids, max_new_tokens=warm_tokens, temperature=temperature,
+                                 seed=seed, recorder=recorder)
+        bar = tqdm(total=total, desc="bench", unit="run", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+        index = 0
+        for temperature in temperatures:
+            for set_name, rows in encoded.items():
+                for prompt_id, prompt in rows:
+                    ids = torch.tensor([prompt], device=device)
+                    order = [methods[(index + j) % len(methods)] for j in range(len(methods))]
+                    index += 1
+                    by_method = {}
+                    for method in order:
+                        bar.set_postfix_str(f"T={temperature:g} {set_name} {method.name}", refresh=False)
+                        result = run_once(target, method, ids, max_new_tokens=max_new_tokens,
+                                          temperature=temperature, seed=seed + index, recorder=recorder)
+                        result.update(set=set_name, prompt_id=prompt_id, prompt_len=len(prompt),
+                                      temperature=temperature)
+                        by_method[method.name] = result
+                        bar.update(1)
+                    reference = by_method[PLAIN]["tokens"]
+                    for method in methods:
+                        result = by_method[method.name]
+                        result["mismatch"] = None
+                        if temperature == 0 and method.kind != "plain":
+                            info = first_mismatch(target, ids, reference, result["tokens"])
+                            if info is not None:
+                                info.update(method=method.name, set=set_name, prompt_id=prompt_id,
+                                            dtype=str(target.dtype).replace("torch.", ""))
+                                result["mismatch"] = info
+                                mismatches.append(info)
+                                bar.write(_mismatch_line(info), file=sys.stderr)
+                        runs.append(result)
+        bar.close()
+
+    results = {
+        "meta": {
+            "started": started.isoformat(timespec="seconds"),
+            "finished": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "machine": _machine(),
+            "device": str(device),
+            "dtype": str(target.dtype).replace("torch.", ""),
+            "target": target_name or getattr(target.config, "_name_or_path", None) or type(target).__name__,
+            "max_new_tokens": max_new_tokens,
+            "temperatures": list(temperatures),
+            "sets": {name: len(rows) for name, rows in encoded.items()},
+            "seed": seed,
+            "load_average_start": load_start,
+            "load_average_end": _loadavg(),
+            "settings": settings or {},
+        },
+        "methods": [m.describe() for m in methods],
+        "summary": summarize(runs, methods, temperatures, list(encoded)),
+        "mismatches": mismatches,
+        "runs": runs,
+    }
+    if block is not None:
+        results["block_latency"] = block
+    results["headline"] = headline(results)
+    if mismatches:
+        print(_mismatch_banner(mismatches, results["meta"]["dtype"]), file=sys.stderr)
+    if out_dir is not None:
+        write_outputs(results, out_dir)
+    return results
+
+
+def headline(results: dict) -> str:
+    """One sentence for a README: the fastest xPress setting at the first temperature, against the baselines."""
+    meta = results["meta"]
+    tkey = next(iter(results["summary"]), None)
+    table = results["summary"].get(tkey, {}).get("all", {}) if tkey else {}
+    kinds = {m["name"]: m["kind"] for m in results["methods"]}
+    xp = [n for n in table if kinds.get(n) == "xpress"]
+    if not xp:
+        return ""
+    best = max(xp, key=lambda n: table[n].get("speedup", 0.0))
+    machine = meta["machine"]
+    others = []
+    for name, f in table.items():
+        if kinds.get(name) in ("pld", "assisted", "native-dflash", "dflash", "markov"):
+            others.append(f"{name} tau {f['tau']:.2f}, {f.get('speedup', float('nan')):.2f}x")
+    load = meta.get("load_average_start") or [0.0]
+    busy = bool(machine.get("cpu_count")) and load[0] > 0.5 * machine["cpu_count"]
+    mism = sum(f["mismatches"] for f in table.values())
+    return (
+        f"{meta['target']} ({meta['dtype']}, {tkey}, {sum(meta['sets'].values())} prompts from "
+        f"{', '.join(meta['sets'])}, {meta['max_new_tokens']} new tokens) on "
+        f"{machine.get('cuda_device') or machine.get('cpu_model') or machine.get('processor')} "
+        f"({machine.get('torch_threads')} threads): {best} tau {table[best]['tau']:.2f}, "
+        f"{table[best]['tokens_per_s']:.1f} tok/s, {table[best].get('speedup', float('nan')):.2f}x over plain generate "
+        f"({table.get(PLAIN, {}).get('tokens_per_s', float('nan')):.1f} tok/s); " + "; ".join(others)
+        + f"; greedy mismatches vs plain: {mism}" + (" [TIMINGS TAKEN UNDER LOAD]" if busy else "") + "."
+    )
+
+
+def _block_size(methods: Sequence[Method]) -> int:
+    configs = [getattr(m.model, "config", None) for m in methods if m.model is not None]
+    sizes = [c.block_size for c in configs if hasattr(c, "block_size")]
+    return max(sizes, default=16)
+
+
+def _mismatch_line(info: dict) -> str:
+    gap = info.get("top2_logit_gap")
+    return (
+        f"!!! MISMATCH vs plain generate: {info['method']} on {info['prompt_id']} at new token {info['position']} "
+        f"(plain {info['reference_token']}, method {info['method_token']}; target top-2 logit gap "
+        f"{gap:.4g} = {info.get('gap_in_ulps', float('nan')):.1f} ulp in {info['dtype']}"
+        + (", a near-tie)" if info.get("near_tie") else ", NOT a near-tie)")
+    )
+
+
+def _mismatch_banner(mismatches: list[dict], dtype: str) -> str:
+    by_method: dict[str, int] = {}
+    for m in mismatches:
+        by_method[m["method"]] = by_method.get(m["method"], 0) + 1
+    gaps = [m["top2_logit_gap"] for m in mismatches if m.get("top2_logit_gap") is not None]
+    ties = sum(bool(m.get("near_tie")) for m in mismatches)
+    lines = [
+        "=" * 100,
+        f"!!! MISMATCH: {len(mismatches)} GREEDY OUTPUT(S) DIFFER FROM PLAIN generate ({dtype}): "
+        + ", ".join(f"{k}: {v}" for k, v in by_method.items()),
+        f"!!! target top-2 logit gap at the first differing position: max {max(gaps, default=float('nan')):.4g}, "
+        f"median {statistics.median(gaps) if gaps else float('nan'):.4g}; {ties} of {len(mismatches)} are near-ties "
+        f"(within {NEAR_TIE_ULPS} ulp)",
+    ]
+    if dtype == "float32":
+        lines.append("!!! In float32 greedy speculative decoding must be token-identical: this is a bug.")
+    else:
+        lines.append("!!! In low precision a block verify can round near-ties differently; small gaps = near-ties.")
+    lines.append("=" * 100)
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Aggregation
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _slot_acceptance(accepted: list[int], proposed: list[int]) -> list[float]:
+    if not accepted:
+        return []
+    width = max(proposed)
+    return [sum(a >= k for a in accepted) / len(accepted) for k in range(1, width + 1)]
+
+
+def _aggregate(rows: list[dict]) -> dict:
+    new = sum(r["new_tokens"] for r in rows)
+    elapsed = sum(r["time_s"] for r in rows)
+    forwards = sum(r["forwards"] for r in rows)
+    accepted = [a for r in rows for a in r["accepted"]]
+    proposed = [p for r in rows for p in r["proposed"]]
+    out: dict[str, Any] = {
+        "prompts": len(rows),
+        "new_tokens": new,
+        "time_s": elapsed,
+        "tokens_per_s": new / elapsed if elapsed > 0 else float("nan"),
+        "forwards": forwards,
+        "tokens_per_forward": new / forwards if forwards else float("nan"),
+        "rounds": len(accepted),
+        "tau": (sum(accepted) / len(accepted) + 1.0) if accepted else 1.0,
+        "acceptance_rate": sum(accepted) / sum(proposed) if proposed else float("nan"),
+        "slot_acceptance": _slot_acceptance(accepted, proposed),
+        "prefill_s": sum(r["prefill_s"] for r in rows),
+        "mismatches": sum(r.get("mismatch") is not None for r in rows),
+    }
+    stats = [r["stats"] for r in rows if r.get("stats")]
+    if stats:
+        rounds = sum(s["rounds"] for s in stats)
+        passes = [p for s in stats for p in s["passes"]]
+        if rounds:
+            draft = sum(s["draft_time"] for s in stats) / rounds
+            refine = sum(s["refine_time"] for s in stats) / rounds
+            verify = sum(s["verify_time"] for s in stats) / rounds
+            other = (elapsed - out["prefill_s"]) / rounds - draft - refine - verify
+            out["per_round_ms"] = {"draft": draft * 1e3, "refine": refine * 1e3, "verify": verify * 1e3,
+                                   "other": other * 1e3}
+        out["mean_passes"] = sum(passes) / len(passes) if passes else 0.0
+    return out
+
+
+def summarize(runs: list[dict], methods: Sequence[Method], temperatures: Sequence[float], sets: list[str]) -> dict:
+    """`{"T=<t>": {set or "all": {method: figures}}}` with speed-ups over plain and the decomposition."""
+    summary: dict[str, dict] = {}
+    for temperature in temperatures:
+        key = f"T={temperature:g}"
+        summary[key] = {}
+        for set_name in [*sets, "all"]:
+            rows = [r for r in runs if r["temperature"] == temperature and (set_name == "all" or r["set"] == set_name)]
+            if not rows:
+                continue
+            table = {}
+            for method in methods:
+                mine = [r for r in rows if r["method"] == method.name]
+                if mine:
+                    table[method.name] = _aggregate(mine)
+            plain = table.get(PLAIN)
+            if plain:
+                plain_rows = [r for r in rows if r["method"] == PLAIN]
+                decode_tokens = sum(max(r["new_tokens"] - 1, 0) for r in plain_rows)
+                decode_time = sum(r["time_s"] - r["prefill_s"] for r in plain_rows)
+                t_step = decode_time / decode_tokens if decode_tokens else float("nan")
+                plain["t_step_ms"] = t_step * 1e3
+                for name, figures in table.items():
+                    figures["speedup"] = figures["tokens_per_s"] / plain["tokens_per_s"]
+                    split = figures.get("per_round_ms")
+                    if split and t_step == t_step and t_step > 0:
+                        round_ms = split["draft"] + split["refine"] + split["verify"]
+                        figures["decomposition"] = {
+                            "tau": figures["tau"],
+                            "t_step_ms": t_step * 1e3,
+                            "t_round_ms": round_ms,
+                            "predicted_speedup": figures["tau"] * t_step * 1e3 / round_ms,
+                            "break_even_tau": round_ms / (t_step * 1e3),
+                        }
+            summary[key][set_name] = table
+    return summary
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Outputs: JSON, markdown, plots
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _fmt(x: Any, digits: int = 2) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "-"
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def _json_safe(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def write_outputs(results: dict, out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Write ``results.json``, the PNG plots and ``report.md`` into `out_dir`; return their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "results.json"}
+    paths["json"].write_text(json.dumps(_json_safe(results), indent=1) + "\n", encoding="utf-8")
+    plots = make_plots(results, out)
+    paths.update(plots)
+    paths["report"] = out / "report.md"
+    paths["report"].write_text(render_report(results, {k: v.name for k, v in plots.items()}), encoding="utf-8")
+    return paths
+
+
+def render_report(results: dict, plots: dict[str, str] | None = None) -> str:
+    meta, summary = results["meta"], results["summary"]
+    plots = plots or {}
+    machine = meta["machine"]
+    lines = [
+        "# hf-xpress benchmark",
+        "",
+        f"- target: `{meta['target']}` ({meta['dtype']}, {meta['device']}); max_new_tokens {meta['max_new_tokens']}; "
+        f"temperatures {', '.join(f'{t:g}' for t in meta['temperatures'])}; seed {meta['seed']}",
+        f"- prompts: " + ", ".join(f"{k} ({v})" for k, v in meta["sets"].items()),
+        f"- machine: {machine.get('cpu_model') or machine.get('processor')}, {machine.get('cpu_count')} CPUs, "
+        f"{machine.get('torch_threads')} torch threads"
+        + (f", {machine['cuda_device']}" if machine.get("cuda_device") else "")
+        + f"; torch {machine.get('torch')}, transformers {machine.get('transformers')}",
+        f"- run {meta['started']} -> {meta['finished']}; load average at start {meta['load_average_start']}, "
+        f"at end {meta['load_average_end']}",
+    ]
+    load = meta.get("load_average_start") or [0.0]
+    if load and machine.get("cpu_count") and load[0] > 0.5 * machine["cpu_count"]:
+        lines.append(f"- **warning: the machine was busy (1-min load {load[0]} on {machine['cpu_count']} CPUs); "
+                     f"timings are distorted, acceptance figures are not.**")
+    if results.get("headline"):
+        lines += ["", "**Headline:** " + results["headline"]]
+    lines.append("")
+    methods = [m["name"] for m in results["methods"]]
+    lines += ["## Exactness (greedy outputs vs plain `generate`)", ""]
+    if not results["mismatches"]:
+        lines.append("All greedy outputs are token-identical to plain `generate`.")
+    else:
+        lines.append(f"**{len(results['mismatches'])} greedy output(s) differ from plain `generate`.** "
+                     "First differing position and the target's top-2 logit gap there:")
+        ties = sum(bool(m.get("near_tie")) for m in results["mismatches"])
+        lines.append(f"{ties} of them are near-ties (top-2 gap within {NEAR_TIE_ULPS} ulp of the target's dtype at "
+                     "the top logit's magnitude).")
+        lines += ["", "| method | prompt | position | plain token | method token | top-2 gap | gap (ulp) | near-tie |"
+                  " method-token gap |", "|---|---|---|---|---|---|---|---|---|"]
+        for m in results["mismatches"]:
+            lines.append(f"| {m['method']} | {m['prompt_id']} | {m['position']} | {m['reference_token']} | "
+                         f"{m['method_token']} | {_fmt(m.get('top2_logit_gap'), 4)} | "
+                         f"{_fmt(m.get('gap_in_ulps'), 1)} | "
+                         f"{'yes' if m.get('near_tie') else '**no**'} | {_fmt(m.get('method_token_logit_gap'), 4)} |")
+    lines.append("")
+    for tkey, per_set in summary.items():
+        sets = [s for s in per_set if s != "all"]
+        cols = sets + (["all"] if "all" in per_set else [])
+        lines += [f"## {tkey}", "", "### Acceptance length tau (tokens per drafting round; plain = 1)", "",
+                  "| method | " + " | ".join(cols) + " | tokens/forward (all) |",
+                  "|---|" + "---|" * (len(cols) + 1)]
+        for name in methods:
+            if name not in per_set.get("all", {}):
+                continue
+            cells = [_fmt(per_set[s].get(name, {}).get("tau")) for s in cols]
+            per_forward = _fmt(per_set["all"][name]["tokens_per_forward"])
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {per_forward} |")
+        lines += ["", "### Speed (all sets; interleaved, same prompts)", "",
+                  "| method | tokens/s | speed-up over plain | mismatches | mean passes |", "|---|---|---|---|---|"]
+        for name in methods:
+            f = per_set.get("all", {}).get(name)
+            if f:
+                lines.append(f"| {name} | {_fmt(f['tokens_per_s'])} | {_fmt(f.get('speedup'))}x | {f['mismatches']} | "
+                             f"{_fmt(f.get('mean_passes'))} |")
+        lines += ["", "Speed-up per set:", "", "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+        for name in methods:
+            if name in per_set.get("all", {}):
+                cells = [_fmt(per_set[s].get(name, {}).get("speedup")) for s in cols]
+                lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines += ["", "### Latency split per drafting round (ms, all sets) and the speed-up decomposition", "",
+                  "`predicted = tau x t_step / (t_draft + t_refine + t_verify)`; t_step = plain generate's time per "
+                  "token after prefill; break-even tau = round time / t_step.", "",
+                  "| method | draft | refine | verify | other | t_step | tau | predicted | measured | break-even tau |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for name in methods:
+            f = per_set.get("all", {}).get(name)
+            if f and f.get("per_round_ms") and f.get("decomposition"):
+                s, d = f["per_round_ms"], f["decomposition"]
+                lines.append(f"| {name} | {_fmt(s['draft'])} | {_fmt(s['refine'])} | {_fmt(s['verify'])} | "
+                             f"{_fmt(s['other'])} | {_fmt(d['t_step_ms'])} | {_fmt(d['tau'])} | "
+                             f"{_fmt(d['predicted_speedup'])}x | {_fmt(f.get('speedup'))}x | "
+                             f"{_fmt(d['break_even_tau'])} |")
+        width = max((len(f["slot_acceptance"]) for f in per_set.get("all", {}).values()), default=0)
+        if width:
+            shown = list(range(1, width + 1))
+            lines += ["", "### Per-slot acceptance (all sets): fraction of drafting rounds that accept slot k", "",
+                      "| method | " + " | ".join(str(k) for k in shown) + " |", "|---|" + "---|" * len(shown)]
+            for name in methods:
+                f = per_set.get("all", {}).get(name)
+                if f and f["slot_acceptance"]:
+                    sa = f["slot_acceptance"]
+                    cells = [_fmt(sa[k - 1]) if k <= len(sa) else "" for k in shown]
+                    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+        for kind in ("tau", "slot_acceptance", "speedup", "latency_split", "refine_vs_k"):
+            key = f"{kind}_{tkey}"
+            if key in plots:
+                lines += [f"![{kind} {tkey}]({plots[key]})", ""]
+    if "block_latency" in results:
+        lines += ["## Per-block latency", "", format_block_table(results["block_latency"]), ""]
+        if "block_latency" in plots:
+            lines += [f"![block latency]({plots['block_latency']})", ""]
+    return "\n".join(lines)
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _safe_key(tkey: str) -> str:
+    return tkey.replace("=", "").replace(".", "p")
+
+
+def make_plots(results: dict, out: Path) -> dict[str, Path]:
+    """PNG plots: tau per set/method, per-slot acceptance, speed-up, latency split, refiner time vs K."""
+    plt = _plt()
+    methods = [m for m in results["methods"]]
+    paths: dict[str, Path] = {}
+    for tkey, per_set in results["summary"].items():
+        suffix = _safe_key(tkey)
+        sets = [s for s in per_set if s != "all"] + (["all"] if "all" in per_set else [])
+        names = [m["name"] for m in methods if m["kind"] != "plain" and m["name"] in per_set.get("all", {})]
+        if not names:
+            continue
+        # tau per set and method
+        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(sets) * max(1, len(names)) / 3), 4.5))
+        width = 0.8 / len(names)
+        for i, name in enumerate(names):
+            xs = [j + i * width for j in range(len(sets))]
+            ax.bar(xs, [per_set[s].get(name, {}).get("tau", 0) for s in sets], width, label=name)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(sets))], sets)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_ylabel("tau (tokens per drafting round)")
+        ax.set_title(f"Acceptance length, {tkey}")
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        paths[f"tau_{tkey}"] = out / f"tau_{suffix}.png"
+        fig.savefig(paths[f"tau_{tkey}"], dpi=110)
+        plt.close(fig)
+
+        # per-slot acceptance
+        fig, axes = plt.subplots(1, len(sets), figsize=(4 * len(sets), 3.6), squeeze=False, sharey=True)
+        for ax, s in zip(axes[0], sets):
+            for name in names:
+                sa = per_set[s].get(name, {}).get("slot_acceptance") or []
+                if sa:
+                    ax.plot(range(1, len(sa) + 1), sa, marker=".", label=name)
+            ax.set_title(s)
+            ax.set_xlabel("draft slot k")
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("P(slot k accepted)")
+        axes[0][-1].legend(fontsize=6)
+        fig.suptitle(f"Per-slot acceptance, {tkey}")
+        fig.tight_layout()
+        paths[f"slot_acceptance_{tkey}"] = out / f"slot_acceptance_{suffix}.png"
+        fig.savefig(paths[f"slot_acceptance_{tkey}"], dpi=110)
+        plt.close(fig)
+
+        # speed-up over plain (all sets)
+        all_ = per_set["all"]
+        fig, ax = plt.subplots(figsize=(max(6, 0.5 * len(names) + 2), 4))
+        ax.bar(range(len(names)), [all_[n].get("speedup", 0) for n in names], color="tab:blue")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=7)
+        ax.set_ylabel("speed-up over plain generate")
+        ax.set_title(f"End-to-end speed-up (all sets), {tkey}")
+        fig.tight_layout()
+        paths[f"speedup_{tkey}"] = out / f"speedup_{suffix}.png"
+        fig.savefig(paths[f"speedup_{tkey}"], dpi=110)
+        plt.close(fig)
+
+        # latency split per round
+        ours = [n for n in names if all_[n].get("per_round_ms")]
+        if ours:
+            fig, ax = plt.subplots(figsize=(7, 0.4 * len(ours) + 1.8))
+            left = [0.0] * len(ours)
+            for part, color in (("draft", "tab:blue"), ("refine", "tab:orange"), ("verify", "tab:green"),
+                                ("other", "tab:grey")):
+                vals = [max(all_[n]["per_round_ms"][part], 0.0) for n in ours]
+                ax.barh(range(len(ours)), vals, left=left, color=color, label=part)
+                left = [a + b for a, b in zip(left, vals)]
+            t_step = all_.get(PLAIN, {}).get("t_step_ms")
+            if t_step:
+                ax.axvline(t_step, color="black", ls="--", lw=1, label=f"plain decode step {t_step:.1f} ms")
+            ax.set_yticks(range(len(ours)), ours, fontsize=7)
+            ax.set_xlabel("ms per drafting round")
+            ax.set_title(f"Latency split per round (all sets), {tkey}")
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            paths[f"latency_split_{tkey}"] = out / f"latency_split_{suffix}.png"
+            fig.savefig(paths[f"latency_split_{tkey}"], dpi=110)
+            plt.close(fig)
+
+        # refiner time per block vs K (end to end, from drafter.stats)
+        xp = [m for m in methods if m["kind"] == "xpress" and m["name"] in all_ and all_[m["name"]].get("per_round_ms")]
+        if xp:
+            fig, ax = plt.subplots(figsize=(6, 4))
+            groups: dict[tuple, list] = {}
+            for m in xp:
+                point = (m["passes"], all_[m["name"]]["per_round_ms"]["refine"])
+                groups.setdefault((m["label"], m["early_stop"]), []).append(point)
+            for (label, es), pts in groups.items():
+                pts.sort()
+                ax.plot([p for p, _ in pts], [v for _, v in pts], marker="o",
+                        label=f"xpress {label}" + (" early stop" if es else " fixed K"))
+            for m in methods:
+                if m["kind"] == "markov" and m["name"] in all_ and all_[m["name"]].get("per_round_ms"):
+                    ax.axhline(all_[m["name"]]["per_round_ms"]["refine"], color="tab:red", ls="--", label=m["name"])
+            ax.set_xlabel("K (Jacobi passes)")
+            ax.set_ylabel("refine ms per block (in generate)")
+            ax.set_title(f"Refiner time per block vs K, {tkey}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            paths[f"refine_vs_k_{tkey}"] = out / f"refine_vs_k_{suffix}.png"
+            fig.savefig(paths[f"refine_vs_k_{tkey}"], dpi=110)
+            plt.close(fig)
+    if "block_latency" in results:
+        paths["block_latency"] = plot_block_latency(results["block_latency"], out / "block_latency.png")
+    return paths
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Per-block micro-benchmark
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def block_latency(
+    target,
+    drafter=None,
+    *,
+    passes: Iterable[int] = range(1, 9),
+    context_length: int = 256,
+    new_context: int = 4,
+    repeats: int = 20,
+    warmup: int = 3,
+    seed: int = 0,
+    verbose: bool = True,
+    **drafter_overrides,
+) -> dict:
+    """Median per-block latencies (ms) of one drafting round at the drafter's block size B.
+
+    - ``drafter_forward``: the drafter over ``new_context`` new context rows + the block ``[anchor, mask x B-1]``
+      with a KV cache of ``context_length`` context rows (block K/V cropped after, as in generation);
+      ``lm_head``: the target's lm_head over the B-1 draft slots (base logits); ``draft`` = both.
+    - ``refine[K]``: ``drafter.propose`` with K fixed Jacobi passes (early stop off), seed argmax included;
+      ``refine[0]`` is the seed alone. ``per_pass``: least-squares slope of refine over K.
+    - ``markov``: the Markov head's sequential decode of the B-1 slots (same propose call).
+    - pieces of one pass: ``w2_read`` (r -> V over B-1 slots), ``refiner_hidden_part`` (once per block).
+    - ``verify``: the target over B tokens (logits for all, the drafter's hidden-state layers kept) after a
+      ``context_length`` cache; ``decode_step``: the target over 1 token. Both cropped back after each repeat.
+
+    Weights do not matter for timing, so a drafter whose refiner is not xPress (or Markov) gets a random one of the
+    drafter's config size for that measurement. `drafter=None` builds a random xPress drafter with
+    ``XPressDrafterModel.from_target(target, **drafter_overrides)`` (e.g. ``num_hidden_layers=3,
+    refiner_rank=128``). Device-generic: runs where the target is, synchronising on CUDA.
+    """
+    from transformers import DynamicCache
+    from transformers.cache_utils import DFlashCache
+
+    from .modeling_xpress import XPressDrafterModel, XPressMarkovHead, XPressRefiner
+
+    device, dtype = target.device, target.dtype
+    torch.manual_seed(seed)
+    if drafter is None:
+        drafter = XPressDrafterModel.from_target(target, **{"refiner": "xpress", **drafter_overrides})
+    drafter = drafter.to(device=device, dtype=dtype).eval()
+    cfg = drafter.config
+    B = cfg.block_size
+    vocab = cfg.vocab_size
+    passes = list(passes)
+    embed = target.get_input_embeddings()
+    lm_head = target.get_output_embeddings()
+    layer_ids = list(cfg.target_layer_ids)
+
+    ids = torch.randint(0, min(vocab, cfg.mask_token_id), (1, context_length + B), device=device)
+    # target: prefill the context, keep the drafter's layers
+    cache = DynamicCache(config=target.config)
+    out = target(ids[:, :context_length], cache=cache, use_cache=True,
+                 output_hidden_states=[i + 1 for i in layer_ids], logits_to_keep=1)
+    features = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+    def verify():
+        target(ids[:, context_length : context_length + B], cache=cache, use_cache=True,
+               output_hidden_states=[i + 1 for i in layer_ids], logits_to_keep=B)
+        cache.crop(-B)  # a negative value removes that many positions (transformers 5.24)
+
+    def decode_step():
+        target(ids[:, context_length : context_length + 1], cache=cache, use_cache=True, logits_to_keep=1)
+        cache.crop(-1)
+
+    # drafter: context cache of context_length - new_context rows, then the timed call adds new_context + block
+    dcache = DFlashCache(config=cfg)
+    if hasattr(dcache, "activate_past_recording"):
+        dcache.activate_past_recording()
+    base_len = context_length - new_context
+    mask_ids = torch.full((1, B - 1), cfg.mask_token_id, device=device)
+    block_embeds = embed(torch.cat([ids[:, context_length - 1 : context_length], mask_ids], dim=1))
+    drafter(noise_embeds=block_embeds, context_hidden_states=features[:, :base_len],
+            position_ids=torch.arange(0, base_len + B, device=device)[None], cache=dcache)
+    dcache.crop(-B)
+    positions = torch.arange(base_len, context_length + B, device=device)[None]
+    holder: dict[str, torch.Tensor] = {}
+
+    def draft_forward():
+        o = drafter(noise_embeds=block_embeds, context_hidden_states=features[:, base_len:context_length],
+                    position_ids=positions, cache=dcache)
+        dcache.crop(-(new_context + B))
+        holder["hidden"] = o.last_hidden_state
+        return o
+
+    def head():
+        holder["logits"] = lm_head(holder["hidden"][:, 1:]).float()
+
+    t_forward = _median_time(draft_forward, device, repeats, warmup)
+    t_head = _median_time(head, device, repeats, warmup)
+    hidden, base_logits = holder["hidden"], holder["logits"]
+    lead = ids[:, context_length - 2 : context_length]
+
+    original = drafter.refiner
+    xpress = original if isinstance(original, XPressRefiner) else XPressRefiner(cfg).to(device=device, dtype=dtype)
+    if isinstance(original, XPressMarkovHead):
+        markov = original
+    else:
+        markov = XPressMarkovHead(cfg).to(device=device, dtype=dtype)
+    refine: dict[int, float] = {}
+    try:
+        drafter.refiner = xpress
+        for k in sorted(set([0, *passes])):
+            refine[k] = _median_time(
+                lambda k=k: drafter.propose(hidden, base_logits, lead, passes=k, early_stop=False),
+                device, repeats, warmup,
+            )
+        hp = xpress.hidden_part(hidden)
+        x = torch.randn(1, B - 1, xpress.rank, device=device, dtype=dtype)
+        t_hidden_part = _median_time(lambda: xpress.hidden_part(hidden), device, repeats, warmup)
+        t_w2 = _median_time(lambda: xpress.w2(x), device, repeats, warmup)
+        prev = torch.cat([lead, ids[:, context_length : context_length + B - 2]], dim=1)
+        t_delta = _median_time(lambda: xpress.delta(hp, prev), device, repeats, warmup)
+        t_argmax = _median_time(lambda: (base_logits + 0.0).argmax(dim=-1), device, repeats, warmup)
+        t_markov_step = _median_time(lambda: markov(lead[:, 1:]), device, repeats, warmup)
+        drafter.refiner = markov
+        t_markov = _median_time(lambda: drafter.propose(hidden, base_logits, lead), device, repeats, warmup)
+    finally:
+        drafter.refiner = original
+    t_verify = _median_time(verify, device, repeats, warmup)
+    t_step = _median_time(decode_step, device, repeats, warmup)
+
+    ks = [k for k in refine if k > 0]
+    slope = _slope(ks, [refine[k] for k in ks]) if len(ks) > 1 else float("nan")
+    ms = 1e3
+    draft = t_forward + t_head
+    result = {
+        "device": str(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads(),
+        "block_size": B,
+        "context_length": context_length,
+        "new_context": new_context,
+        "repeats": repeats,
+        "load_average": _loadavg(),
+        "sizes": {
+            "target_hidden": cfg.target_hidden_size,
+            "drafter_hidden": cfg.hidden_size,
+            "drafter_layers": cfg.num_hidden_layers,
+            "vocab": vocab,
+            "refiner_rank": cfg.refiner_rank,
+        },
+        "drafter_forward_ms": t_forward * ms,
+        "lm_head_ms": t_head * ms,
+        "draft_ms": draft * ms,
+        "refine_ms": {int(k): v * ms for k, v in refine.items()},
+        "per_pass_ms": slope * ms,
+        "markov_ms": t_markov * ms,
+        "refiner_hidden_part_ms": t_hidden_part * ms,
+        "refiner_delta_ms": t_delta * ms,
+        "w2_read_ms": t_w2 * ms,
+        "add_argmax_ms": t_argmax * ms,
+        "markov_step_ms": t_markov_step * ms,
+        # weights each step has to read (parameters): what bounds these times when memory-bound
+        "weights": {
+            "drafter_layers": sum(p.numel() for n, p in drafter.named_parameters() if not n.startswith("refiner.")),
+            "lm_head": lm_head.weight.numel(),
+            "w2_per_pass": xpress.w2.weight.numel(),
+            "markov_w2_per_step": markov.w2.weight.numel(),
+        },
+        "verify_ms": t_verify * ms,
+        "decode_step_ms": t_step * ms,
+        "verify_over_step": t_verify / t_step,
+    }
+    if 4 in refine:
+        result["goals"] = {
+            "k4_refine_ms": refine[4] * ms,
+            "k4_over_markov": refine[4] / t_markov,
+            "k4_over_draft": refine[4] / draft,
+            "k4_below_markov": refine[4] < t_markov,
+            "k4_under_25pct_of_draft": refine[4] < 0.25 * draft,
+        }
+    result["dominant"] = _dominant(result)
+    if verbose:
+        print(format_block_table(result))
+    return result
+
+
+def _slope(xs: list[float], ys: list[float]) -> float:
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else float("nan")
+
+
+def _dominant(r: dict) -> str:
+    """What one refinement pass costs and why, against the lm_head and the drafter forward."""
+    per_pass, w2, head = r["per_pass_ms"], r["w2_read_ms"], r["lm_head_ms"]
+    if not (per_pass == per_pass):
+        return ""
+    share = w2 / per_pass if per_pass > 0 else float("nan")
+    w = r["weights"]
+    draft_weights = w["drafter_layers"] + w["lm_head"]
+    return (
+        f"One Jacobi pass costs {per_pass:.3f} ms: the w2 read (r={r['sizes']['refiner_rank']} x "
+        f"V={r['sizes']['vocab']} over {r['block_size'] - 1} slots) is {w2:.3f} ms ({share:.0%}), "
+        f"the add + argmax over 15 x V logits {r['add_argmax_ms']:.3f} ms. For comparison the target lm_head over "
+        f"the same slots (H={r['sizes']['target_hidden']} x V) costs {head:.3f} ms and the drafter layers "
+        f"{r['drafter_forward_ms']:.3f} ms; one Markov step (w2 on one row) {r['markov_step_ms']:.3f} ms. "
+        f"Weight reads: K=4 passes read "
+        f"{4 * w['w2_per_pass'] / 1e6:.1f}M parameters, the draft {draft_weights / 1e6:.1f}M "
+        f"({w['drafter_layers'] / 1e6:.1f}M drafter layers + {w['lm_head'] / 1e6:.1f}M lm_head), i.e. "
+        f"{4 * w['w2_per_pass'] / draft_weights:.0%}; the Markov head reads {15 * w['markov_w2_per_step'] / 1e6:.1f}M."
+    )
+
+
+def format_block_table(r: dict) -> str:
+    lines = [
+        f"per-block latency, B={r['block_size']}, {r['dtype']} on {r['device']} ({r['threads']} threads), context "
+        f"{r['context_length']} (+{r['new_context']} new rows), median of {r['repeats']}, load {r.get('load_average')}",
+        "",
+        "| part | ms |",
+        "|---|---|",
+        f"| drafter forward ({r['sizes']['drafter_layers']} layers) | {r['drafter_forward_ms']:.3f} |",
+        f"| base logits (target lm_head, {r['block_size'] - 1} slots) | {r['lm_head_ms']:.3f} |",
+        f"| **draft = forward + lm_head** | **{r['draft_ms']:.3f}** |",
+    ]
+    for k, v in sorted(r["refine_ms"].items()):
+        extra = f" ({v / r['draft_ms']:.0%} of draft)" if k else " (seed argmax only)"
+        lines.append(f"| xPress refine K={k}{extra} | {v:.3f} |")
+    lines += [
+        f"| per extra pass (slope) | {r['per_pass_ms']:.3f} |",
+        f"| Markov head, {r['block_size'] - 1} sequential steps | {r['markov_ms']:.3f} |",
+        f"| refiner hidden part (once per block) | {r['refiner_hidden_part_ms']:.3f} |",
+        f"| refiner delta (one pass, no argmax) | {r['refiner_delta_ms']:.3f} |",
+        f"| w2 read r x V ({r['block_size'] - 1} slots) | {r['w2_read_ms']:.3f} |",
+        f"| add + argmax over {r['block_size'] - 1} x V logits | {r['add_argmax_ms']:.3f} |",
+        f"| one Markov step (w2(w1[x]), one slot) | {r['markov_step_ms']:.3f} |",
+        f"| target verify forward ({r['block_size']} tokens) | {r['verify_ms']:.3f} |",
+        f"| target decode step (1 token) | {r['decode_step_ms']:.3f} |",
+        f"| verify / decode step | {r['verify_over_step']:.2f}x |",
+    ]
+    goals = r.get("goals")
+    if goals:
+        lines += [
+            "",
+            f"Goal K=4 < Markov: {'met' if goals['k4_below_markov'] else 'NOT met'} "
+            f"({goals['k4_refine_ms']:.3f} vs {r['markov_ms']:.3f} ms, {goals['k4_over_markov']:.2f}x). "
+            f"Goal K=4 < 25% of draft: {'met' if goals['k4_under_25pct_of_draft'] else 'NOT met'} "
+            f"({goals['k4_over_draft']:.0%}).",
+        ]
+    if r.get("dominant"):
+        lines += ["", r["dominant"]]
+    return "\n".join(lines)
+
+
+def plot_block_latency(r: dict, path: Path) -> Path:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ks = sorted(r["refine_ms"])
+    ax.plot(ks, [r["refine_ms"][k] for k in ks], marker="o", label="xPress refine (fixed K)")
+    ax.axhline(r["markov_ms"], color="tab:red", ls="--", label="Markov head (sequential)")
+    ax.axhline(0.25 * r["draft_ms"], color="tab:green", ls=":", label="25% of draft (forward + lm_head)")
+    ax.axhline(r["draft_ms"], color="tab:blue", ls="-.", label="draft (forward + lm_head)")
+    ax.set_xlabel("K (Jacobi passes)")
+    ax.set_ylabel("ms per block")
+    ax.set_title(f"Per-block latency, B={r['block_size']}, {r['dtype']} {r['device']}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _int_list(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _early_stop_list(text: str) -> list[bool]:
+    table = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}
+    try:
+        return [table[x.strip().lower()] for x in text.split(",") if x.strip()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"--early-stop takes on,off (got {text!r})") from None
+
+
+def _load_drafter(path: str, dtype: torch.dtype, device):
+    from transformers import AutoModel
+
+    import hf_xpress  # noqa: F401  (Auto registration and the generate() hook)
+
+    return AutoModel.from_pretrained(path, dtype=dtype).to(device).eval()
+
+
+def _label(path: str) -> str:
+    return Path(str(path).rstrip("/")).name or str(path)
+
+
+def _load_sets(names: Sequence[str], limit: int | None, target, tokenizer, max_new_tokens: int) -> dict[str, list]:
+    from .assets import apply_chat_template, load_prompts
+
+    def first_answer(messages):
+        ids = torch.tensor([apply_chat_template(tokenizer, messages)], device=target.device)
+        out = target.generate(ids, **_generate_kwargs(target, max_new_tokens, 0.0))
+        return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
+
+    sets = {}
+    for name in names:
+        key = Path(name).stem if name.endswith(".jsonl") else name
+        sets[key] = load_prompts(name, limit, first_answer=first_answer if name == "mtbench2" else None)
+    return sets
+
+
+def main(args: argparse.Namespace) -> int:
+    import hf_xpress  # noqa: F401
+
+    from .assets import load_target
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    target, tokenizer = load_target(args.target, dtype=dtype, device=args.device)
+    drafters = [(_label(p), _load_drafter(p, dtype, target.device)) for p in args.drafter or []]
+    out_dir = Path(args.out)
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+
+    block = None
+    if args.block_only or args.block_latency:
+        xp = next((d for _, d in drafters if d.config.refiner == "xpress"), drafters[0][1] if drafters else None)
+        overrides = {} if xp is not None else {"num_hidden_layers": args.block_layers, "refiner_rank": args.block_rank}
+        block = block_latency(target, xp, passes=range(1, 9), context_length=args.block_context,
+                              repeats=args.block_repeats, **overrides)
+        if args.block_only:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            payload = _json_safe({"settings": settings, **block})
+            (out_dir / "block_latency.json").write_text(json.dumps(payload, indent=1) + "\n")
+            (out_dir / "block_latency.md").write_text(format_block_table(block) + "\n")
+            plot_block_latency(block, out_dir / "block_latency.png")
+            print(f"wrote {out_dir}/block_latency.{{json,md,png}}")
+            return 0
+
+    assistant = None
+    if args.assistant:
+        from transformers import AutoModelForCausalLM
+
+        from .assets import resolve_target
+
+        model = AutoModelForCausalLM.from_pretrained(resolve_target(args.assistant), dtype=dtype)
+        assistant = (_label(args.assistant), model.to(target.device).eval())
+    methods = build_methods(
+        drafters,
+        assistant=assistant,
+        passes=_int_list(args.passes),
+        early_stop=_early_stop_list(args.early_stop),
+        shortlists=[None if v.strip().lower() == "none" else int(v) for v in args.shortlist.split(",") if v.strip()],
+        prompt_lookup=None if args.no_prompt_lookup else args.prompt_lookup_tokens,
+        native_dflash=not args.no_native_dflash,
+    )
+    if args.methods:
+        wanted = [w.strip() for w in args.methods.split(",") if w.strip()]
+        methods = [m for m in methods if m.kind == "plain" or any(w == m.name or w == m.kind for w in wanted)]
+    sets = _load_sets([s.strip() for s in args.sets.split(",") if s.strip()], args.limit, target, tokenizer,
+                      args.max_new_tokens)
+    print(f"{len(methods)} methods x {sum(len(v) for v in sets.values())} prompts x {len(args.temperature)} "
+          "temperature(s): " + ", ".join(m.name for m in methods), file=sys.stderr)
+    results = run_benchmark(
+        target, tokenizer, methods, sets,
+        max_new_tokens=args.max_new_tokens,
+        temperatures=args.temperature,
+        seed=args.seed,
+        progress=not args.no_progress,
+        out_dir=out_dir,
+        settings=settings,
+        block=block,
+        target_name=args.target,
+    )
+    print(render_summary(results))
+    print(f"wrote {out_dir}/results.json, {out_dir}/report.md and plots")
+    return 1 if (args.fail_on_mismatch and results["mismatches"]) else 0
+
+
+def render_summary(results: dict) -> str:
+    """A compact console table: tau per set, tokens/s, speed-up, mismatches."""
+    lines = []
+    for tkey, per_set in results["summary"].items():
+        sets = [s for s in per_set if s != "all"]
+        head = f"{'method':<28}" + "".join(f"{s[:10]:>11}" for s in sets) + f"{'tok/s':>9}{'speedup':>9}{'mism':>6}"
+        lines += [f"\n{tkey}: tau per set, speed over all sets", head, "-" * len(head)]
+        for m in results["methods"]:
+            f = per_set.get("all", {}).get(m["name"])
+            if not f:
+                continue
+            taus = "".join(f"{_fmt(per_set[s].get(m['name'], {}).get('tau')):>11}" for s in sets)
+            lines.append(f"{m['name'][:28]:<28}" + taus
+                         + f"{_fmt(f['tokens_per_s'], 1):>9}{_fmt(f.get('speedup')):>8}x{f['mismatches']:>6}")
+    return "\n".join(lines)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark acceptance length and speed against every baseline (JSON, markdown report, plots)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--target", default="smollm2-135m-instruct", help="target alias, folder or Hub id")
+    p.add_argument("--drafter", action="append", help="drafter folder or Hub id (repeatable)")
+    p.add_argument("--assistant", help="a classic autoregressive assistant (same tokenizer) for transformers' "
+                   "assisted decoding baseline")
+    p.add_argument("--sets", default=",".join(DEFAULT_SETS),
+                   help="comma list of humaneval, mtbench, mtbench2, math500, aime2024, aime2025 or .jsonl paths")
+    p.add_argument("--limit", type=int, default=10, help="prompts per set")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, action="append",
+                   help="0 (greedy, checked against plain generate) and/or 1 (sampling); repeatable; default 0")
+    p.add_argument("--passes", default=",".join(map(str, DEFAULT_PASSES)), help="xPress K values, e.g. 1,2,4,6,8")
+    p.add_argument("--early-stop", default="on,off", help="xPress early stop settings to run: on,off | on | off")
+    p.add_argument("--shortlist", default="none",
+                   help="xPress refiner_shortlist values to run, e.g. none,64 (none: the full vocabulary)")
+    p.add_argument("--methods", help="only these methods (names or kinds: pld, assisted, native-dflash, dflash, "
+                   "markov, xpress, 'xpress K=4 es'); plain always runs")
+    p.add_argument("--prompt-lookup-tokens", type=int, default=PROMPT_LOOKUP_TOKENS)
+    p.add_argument("--no-prompt-lookup", action="store_true")
+    p.add_argument("--no-native-dflash", action="store_true")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="results/bench", help="output folder")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--fail-on-mismatch", action="store_true", help="exit 1 if a greedy output differs from plain")
+    p.add_argument("--block-only", action="store_true", help="only the per-block latency micro-benchmark")
+    p.add_argument("--block-latency", action="store_true", help="also run the per-block micro-benchmark")
+    p.add_argument("--block-context", type=int, default=256, help="context length for the per-block benchmark")
+    p.add_argument("--block-repeats", type=int, default=20)
+    p.add_argument("--block-layers", type=int, default=3,
+                   help="layers of the random drafter when no --drafter is given")
+    p.add_argument("--block-rank", type=int, default=256, help="refiner rank of the random drafter (no --drafter)")
+
+    def run(a):
+        if not a.temperature:
+            a.temperature = [0.0]
+        return main(a)
+
+    p.set_defaults(func=run)
+
+
+__all__ = [
+    "Method",
+    "block_latency",
+    "build_methods",
+    "first_mismatch",
+    "format_block_table",
+    "make_plots",
+    "render_report",
+    "run_benchmark",
+    "run_once",
+    "summarize",
+    "write_outputs",
+]

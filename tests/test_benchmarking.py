@@ -1,0 +1,193 @@
+"""`hf-xpress bench` end to end on tiny random models, the mismatch detector, the per-block micro-benchmark, the
+speed-up decomposition, and the `evaluate` metric module (loaded offline from its folder)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from hf_xpress import XPressStats
+from hf_xpress.benchmarking import Method, block_latency, build_methods, run_benchmark, summarize
+from hf_xpress.cli import build_parser, main as cli_main
+
+from conftest import tiny_drafter, tiny_target
+
+REPO = Path(__file__).resolve().parent.parent
+METRIC = REPO / "metrics" / "xpress_acceptance"
+
+
+def _char_tokenizer():
+    """A character-level tokenizer for the 128-token tiny vocabulary, with a chat template (ids < 127)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {chr(32 + i): i for i in range(95)}
+    vocab.update({"\n": 95, "<unk>": 96, "<eos>": 97})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+    fast.chat_template = (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    return fast
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_target("llama")
+
+
+def _prompt_file(tmp_path: Path) -> Path:
+    path = tmp_path / "mine.jsonl"
+    rows = [
+        {"id": "p1", "prompt": "def add(a, b): return a + b"},
+        {"messages": [{"role": "user", "content": "Hello there, tell me a story."}]},
+        {"prompt": "1 2 3 4 5 6 7 8 9"},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_cli_end_to_end_writes_json_markdown_and_plots(tmp_path, llama):
+    target_dir, out = tmp_path / "target", tmp_path / "out"
+    llama.save_pretrained(target_dir)
+    _char_tokenizer().save_pretrained(target_dir)
+    drafters = []
+    for refiner in (None, "markov", "xpress"):
+        folder = tmp_path / f"drafter-{refiner or 'dflash'}"
+        tiny_drafter(llama, refiner).save_pretrained(folder)
+        drafters += ["--drafter", str(folder)]
+    assistant_dir = tmp_path / "assistant"
+    tiny_target("llama", seed=5, num_hidden_layers=1).save_pretrained(assistant_dir)
+    prompts = _prompt_file(tmp_path)
+
+    assert "bench" in build_parser().format_help()
+    rc = cli_main([
+        "bench", "--target", str(target_dir), *drafters, "--assistant", str(assistant_dir),
+        "--sets", str(prompts), "--limit", "2", "--max-new-tokens", "24", "--passes", "1,2",
+        "--temperature", "0", "--temperature", "1", "--threads", "1", "--no-progress",
+        "--block-latency", "--block-repeats", "1", "--block-context", "16", "--out", str(out), "--fail-on-mismatch",
+    ])
+    assert rc == 0
+    results = json.loads((out / "results.json").read_text())
+    assert set(results) >= {"meta", "methods", "summary", "mismatches", "runs", "block_latency"}
+    names = [m["name"] for m in results["methods"]]
+    assert names[:4] == ["plain", "prompt-lookup", "assisted[assistant]", "native-dflash"]
+    assert {"dflash", "markov", "xpress K=1 es", "xpress K=1", "xpress K=2 es", "xpress K=2"} <= set(names)
+    assert results["mismatches"] == []  # fp32: every greedy method is token-identical to plain generate
+    assert results["meta"]["sets"] == {"mine": 2}
+    for tkey in ("T=0", "T=1"):
+        table = results["summary"][tkey]["all"]
+        assert set(table) == set(names)
+        assert table["plain"]["tau"] == 1.0 and table["plain"]["speedup"] == 1.0 and table["plain"]["t_step_ms"] > 0
+        for name in names:
+            figures = table[name]
+            assert figures["tokens_per_s"] > 0 and 1.0 <= figures["tokens_per_forward"] <= 16
+        xp = table["xpress K=2"]
+        assert len(xp["slot_acceptance"]) == 15 and set(xp["per_round_ms"]) == {"draft", "refine", "verify", "other"}
+        assert xp["mean_passes"] == 2.0 and xp["decomposition"]["predicted_speedup"] > 0
+        assert table["markov"]["mean_passes"] == 15.0
+    assert len(results["runs"]) == len(names) * 2 * 2
+    assert "xpress K=" in results["headline"] and "tok/s" in results["headline"]
+    report = (out / "report.md").read_text()
+    for heading in ("Exactness", "Acceptance length tau", "Speed", "Latency split", "Per-slot acceptance",
+                    "Per-block latency"):
+        assert heading in report
+    pngs = {p.name for p in out.glob("*.png")}
+    for stem in ("tau", "slot_acceptance", "speedup", "latency_split", "refine_vs_k"):
+        assert {f"{stem}_T0.png", f"{stem}_T1.png"} <= pngs
+    assert "block_latency.png" in pngs
+    assert all((out / p).stat().st_size > 1000 for p in pngs)
+
+
+def test_mismatch_detector_flags_a_wrong_method(llama, capsys):
+    def corrupt(target, ids, kwargs):
+        out = target.generate(ids, **kwargs).clone()
+        out[0, ids.shape[1] + 3] = (out[0, ids.shape[1] + 3] + 1) % 126
+        return out
+
+    methods = build_methods([("xp", tiny_drafter(llama, "xpress"))], passes=[2], early_stop=[True])
+    methods.append(Method("broken", "custom", runner=corrupt))
+    prompts = {"s": [[5, 6, 7, 8, 9, 10], [40, 41, 42]]}
+    results = run_benchmark(llama, None, methods, prompts, max_new_tokens=12, progress=False, warmup=False)
+    flagged = results["mismatches"]
+    assert [m["method"] for m in flagged] == ["broken", "broken"]
+    assert all(m["position"] == 3 and m["top2_logit_gap"] >= 0 and m["method_token_logit_gap"] >= 0 for m in flagged)
+    assert all(m["gap_in_ulps"] >= 0 and isinstance(m["near_tie"], bool) for m in flagged)
+    assert results["summary"]["T=0"]["all"]["broken"]["mismatches"] == 2
+    assert results["summary"]["T=0"]["all"]["xpress K=2 es"]["mismatches"] == 0
+    err = capsys.readouterr().err
+    assert "MISMATCH" in err and "this is a bug" in err  # loud, and in float32 called a bug
+
+
+@pytest.mark.parametrize("refiner", ["xpress", "markov", None])
+def test_block_latency_positive_for_every_k(llama, refiner):
+    drafter = tiny_drafter(llama, refiner)
+    original = drafter.refiner
+    r = block_latency(llama, drafter, context_length=24, new_context=3, repeats=2, warmup=1, verbose=False)
+    assert drafter.refiner is original  # the swapped-in timing refiner is put back
+    assert sorted(r["refine_ms"]) == list(range(0, 9))
+    assert all(v > 0 for v in r["refine_ms"].values())
+    keys = ("drafter_forward_ms", "lm_head_ms", "draft_ms", "markov_ms", "w2_read_ms", "verify_ms", "decode_step_ms")
+    for key in keys:
+        assert r[key] > 0, key
+    assert set(r["goals"]) >= {"k4_below_markov", "k4_under_25pct_of_draft"}
+    assert r["block_size"] == 16
+
+
+def test_block_latency_builds_a_random_drafter(llama):
+    r = block_latency(llama, None, context_length=8, repeats=1, warmup=0, verbose=False,
+                      num_hidden_layers=1, refiner_rank=32, mask_token_id=127)
+    assert r["sizes"]["drafter_layers"] == 1 and r["sizes"]["refiner_rank"] == 32
+
+
+def _run(method, set_name, new, time_s, prefill, accepted=(), proposed=(), stats=None):
+    return {"method": method, "set": set_name, "temperature": 0.0, "new_tokens": new, "time_s": time_s,
+            "forwards": 1 + len(accepted) if accepted else new, "prefill_s": prefill,
+            "accepted": list(accepted), "proposed": list(proposed), "stats": stats, "mismatch": None}
+
+
+def test_summary_figures_and_decomposition_by_hand():
+    methods = [Method("plain", "plain"), Method("xpress K=4", "xpress", passes=4, early_stop=False)]
+    # plain: 11 tokens in 1.1 s with a 0.1 s prefill -> t_step = 0.1 s
+    # xpress: 2 rounds accepting 3 and 5 drafts -> tau 5; per round draft 0.02, refine 0.01, verify 0.12 s
+    stats = {"rounds": 2, "passes": [4, 4], "draft_time": 0.04, "refine_time": 0.02, "verify_time": 0.24}
+    runs = [_run("plain", "s", 11, 1.1, 0.1),
+            _run("xpress K=4", "s", 11, 0.44, 0.1, accepted=[3, 5], proposed=[15, 15], stats=stats)]
+    table = summarize(runs, methods, [0.0], ["s"])["T=0"]["s"]
+    xp = table["xpress K=4"]
+    assert table["plain"]["t_step_ms"] == pytest.approx(100.0)
+    assert xp["tau"] == 5.0 and xp["tokens_per_forward"] == pytest.approx(11 / 3)
+    assert xp["speedup"] == pytest.approx(1.1 / 0.44)
+    assert xp["slot_acceptance"][:6] == [1.0, 1.0, 1.0, 0.5, 0.5, 0.0]
+    assert xp["per_round_ms"]["draft"] == pytest.approx(20.0) and xp["per_round_ms"]["other"] == pytest.approx(20.0)
+    d = xp["decomposition"]
+    assert d["predicted_speedup"] == pytest.approx(5 * 100 / 150) and d["break_even_tau"] == pytest.approx(1.5)
+
+
+def test_metric_module_loads_offline_and_matches_hand_values(monkeypatch):
+    evaluate = pytest.importorskip("evaluate")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    metric = evaluate.load(str(METRIC))
+    out = metric.compute(accepted=[3, 0, 15, 6], block_size=16)
+    assert out["tau"] == 7.0 and out["mean_accepted"] == 6.0 and out["rounds"] == 4
+    expected = [0.75] * 3 + [0.5] * 3 + [0.25] * 9  # slot k accepted in rounds with accepted >= k
+    assert out["slot_acceptance"] == expected
+    # the same numbers as the drafter's own stats
+    stats = XPressStats(block_size=16, accepted=[3, 0, 15, 6])
+    assert out["tau"] == stats.tau and out["slot_acceptance"] == stats.slot_acceptance()
+    # incremental use and the acceptance rate
+    metric.add_batch(accepted=[1, 2])
+    metric.add(accepted=3)
+    out = metric.compute(block_size=4, proposed=[3, 3, 3])
+    assert out["tau"] == 3.0 and out["slot_acceptance"] == pytest.approx([1.0, 2 / 3, 1 / 3])
+    assert out["acceptance_rate"] == pytest.approx(6 / 9)
+    assert math.isnan(metric.compute(accepted=[], block_size=16)["tau"])
+    with pytest.raises(ValueError, match="0..3"):
+        metric.compute(accepted=[4], block_size=4)

@@ -9,6 +9,8 @@ import sys
 # sub-command -> "module:function" where function(subparsers) adds the sub-command's parser and sets `func`.
 COMMANDS: dict[str, str] = {
     "demo": "hf_xpress.demo:add_parser",
+    "data": "hf_xpress.training:add_data_parser",
+    "train": "hf_xpress.training:add_train_parser",
     "convert": "hf_xpress.conversion:add_convert_parser",
     "export": "hf_xpress.conversion:add_export_parser",
     "push": "hf_xpress.hub:add_push_parser",

@@ -23,7 +23,10 @@ def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
     cfg = LlamaConfig(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
                       num_key_value_heads=2, max_position_embeddings=512, bos_token_id=None, eos_token_id=None,
                       pad_token_id=None)
-    return LlamaForCausalLM(cfg).eval()
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # logits of a trained model's scale (a random head's are ~0.5 wide: nothing to learn)
+        model.get_output_embeddings().weight.mul_(20.0)
+    return model
 
 
 def make_dataset(folder: Path, target, num_seqs: int = 24, length: int = 48, seed: int = 0) -> T.Dataset:
@@ -135,14 +138,14 @@ def test_consistency_rounds_feed_back_argmax(monkeypatch):
     blocks = T.BlockBatch(torch.randint(0, V, (N, 2)), torch.randint(0, V, (N, B - 1)), torch.randint(0, V, (N, B - 1)),
                           torch.softmax(torch.randn(N, B - 1, V), -1), torch.ones(N, B - 1, dtype=torch.bool))
     seen: list[torch.Tensor] = []
-    original = drafter.refiner.delta
+    original = T.refiner_delta
 
-    def spy(hidden_part, prev, start=1):
-        out = original(hidden_part, prev, start)
+    def spy(refiner, hidden_part, prev, cols=None, w2=None):
+        out = original(refiner, hidden_part, prev, cols, w2)
         seen.append((prev.clone(), out.detach().clone()))
         return out
 
-    monkeypatch.setattr(drafter.refiner, "delta", spy)
+    monkeypatch.setattr(T, "refiner_delta", spy)
     loss, parts = T.refiner_losses(drafter, hidden, base, blocks, T.position_weights(B - 1, 7.0))
     assert len(seen) == 4  # teacher-forced + 3 rounds
     teacher_prev = seen[0][0]
@@ -154,6 +157,11 @@ def test_consistency_rounds_feed_back_argmax(monkeypatch):
         expected_tokens = (base.detach() + delta).argmax(-1)
     loss.backward()
     assert base.grad is not None and set(parts) == {"tf", "consistency", "anchor"}
+    # the training-time delta is the model's own delta (and its column subset)
+    hp = drafter.refiner.hidden_part(hidden)
+    torch.testing.assert_close(original(drafter.refiner, hp, teacher_prev), drafter.refiner.delta(hp, teacher_prev))
+    cols = torch.tensor([3, 7, 11])
+    torch.testing.assert_close(original(drafter.refiner, hp, teacher_prev, cols), drafter.refiner.delta(hp, teacher_prev)[..., cols])
 
 
 # ---- trainer --------------------------------------------------------------------------------------------------------
@@ -282,3 +290,37 @@ def test_data_command_writes_a_dataset_that_loads(tmp_path):
     seqs = T.collect_sequences(regen, target, Tok(), tmp_path / "regen")
     assert len(seqs) == 6 and all(len(ids) - p == 8 for _, ids, p in seqs)
     assert list((tmp_path / "regen" / "regen").glob("part-*.json"))
+
+
+def test_lora_attach_trains_refiner_and_saves_a_plain_drafter(tmp_path):
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target)
+    T.Trainer(_cfg(data, tmp_path / "dflash", refiner=None, max_steps=3, eval_every=0), target=target).run()
+    base = XPressDrafterModel.from_pretrained(tmp_path / "dflash" / "final")
+    trainer = T.Trainer(_cfg(data, tmp_path / "lora", refiner="xpress", lora=True, lora_rank=4, max_steps=3,
+                             eval_every=3, init_drafter=str(tmp_path / "dflash" / "final")), target=target)
+    trainable = {n for n, p in trainer.drafter.named_parameters() if p.requires_grad}
+    assert any("lora_" in n for n in trainable) and any("refiner" in n for n in trainable)
+    assert not any(n.endswith("layers.0.mlp.up_proj.base_layer.weight") for n in trainable)
+    trainer.run()
+    loaded = XPressDrafterModel.from_pretrained(tmp_path / "lora" / "final")
+    assert type(loaded) is XPressDrafterModel and loaded.config.refiner == "xpress"
+    changed = [k for k, v in base.state_dict().items() if not torch.equal(v, loaded.state_dict()[k])]
+    assert changed  # the LoRA updates were merged into the drafter's own weights
+
+
+def test_measure_tau_is_lossless_and_pools_rounds(monkeypatch):
+    from hf_xpress import assets
+
+    target = tiny_llama()
+    drafter = XPressDrafterModel.from_target(target, refiner="xpress", num_hidden_layers=1, mask_token_id=V - 1,
+                                             refiner_rank=8, block_size=4).eval()
+    records = [assets.PromptRecord(f"p{i}", "fake", [{"role": "user", "content": "x"}]) for i in range(2)]
+    monkeypatch.setattr(assets, "load_prompts", lambda name, limit: records[:limit])
+    monkeypatch.setattr(assets, "apply_chat_template", lambda tok, rec: [5, 9, 17, 33, 4])
+    reference = T.greedy_reference(target, None, ["fake"], 2, max_new_tokens=12)
+    res = T.measure_tau(target, None, drafter, ["fake"], 2, max_new_tokens=12, reference=reference)["fake"]
+    assert res["prompts"] == 2 and res["identical_to_greedy"] == 2
+    rounds = sum(p["rounds"] for p in res["per_prompt"])
+    assert res["tau"] == pytest.approx(sum(p["accepted"] for p in res["per_prompt"]) / rounds + 1)

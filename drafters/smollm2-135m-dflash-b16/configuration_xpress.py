@@ -1,0 +1,150 @@
+"""Configuration of the xPress drafter: a dFlash block-diffusion drafter plus an optional causal refiner."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+
+REFINERS = ("xpress", "markov", None)
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """The dFlash rule: one target layer per drafter layer, spread uniformly from layer 1 to layer L-3.
+
+    A 1-layer drafter reads the middle layer ``L // 2``.
+    """
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+@strict
+class XPressDrafterConfig(PreTrainedConfig):
+    r"""
+    Configuration of [`XPressDrafterModel`]: a dFlash drafter (Qwen3-type decoder layers whose keys/values also see
+    fused hidden states of the target) and an optional refiner that adds a learned, causal bias to its logits.
+
+    The drafter has no embedding and no lm_head: it uses the target's, so `hidden_size` must equal the target's.
+
+    Args:
+        vocab_size (`int`): vocabulary size of the target (the drafter predicts target tokens).
+        hidden_size (`int`): width of the drafter, equal to the target's hidden size.
+        target_hidden_size (`int`, *optional*): hidden size of the target; defaults to `hidden_size`.
+        num_target_layers (`int`): depth of the target; bounds `target_layer_ids`.
+        target_layer_ids (`list[int]`, *optional*): target layers (0-based) whose outputs form the context
+            feature. Defaults to the dFlash rule ([`default_target_layer_ids`]).
+        block_size (`int`): B, the drafted block: the anchor plus B-1 mask slots, i.e. B-1 drafts per round.
+        mask_token_id (`int`): a token id of the target's vocabulary used for the mask slots.
+        refiner (`str` or `None`): `"xpress"` (parallel causal refiner), `"markov"` (sequential bigram head) or
+            `None` (dFlash alone).
+        refiner_rank (`int`): r, the refiner's width (256 in the paper).
+        refiner_mlp_ratio (`int`): hidden width of the refiner's SwiGLU MLP, in multiples of r.
+        jacobi_passes (`int`): K, the number of parallel refinement passes per block.
+        jacobi_early_stop (`bool`): lock the converged prefix and stop once a pass changes nothing. Both are
+            exact: the result equals that of `jacobi_passes` full passes, for less work.
+        refiner_shortlist (`int`, *optional*): if set to M, each Jacobi pass computes the refiner's bias only for the
+            M tokens the drafter ranks highest at each slot, and drafts (and their logits, -inf elsewhere) are chosen
+            among them. Cuts a pass from (B-1) x r x V to (B-1) x r x M multiply-adds (what bounds it on CPUs);
+            still lossless (tokens are exact samples of the returned logits). None (default): the full vocabulary,
+            as in the paper. Applies when no logits processor is active.
+        target_model_type (`str`, *optional*): `model_type` of the target, recorded for error messages.
+    """
+
+    model_type = "xpress_drafter"
+    default_theta = 1_000_000.0
+    keys_to_ignore_at_inference = ["cache"]
+
+    vocab_size: int = 151936
+    hidden_size: int = 4096
+    intermediate_size: int = 12288
+    num_hidden_layers: int = 5
+    num_attention_heads: int = 32
+    num_key_value_heads: int = 8
+    head_dim: int = 128
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 40960
+    initializer_range: float = 0.02
+    rms_norm_eps: float = 1e-6
+    rope_parameters: dict | None = None
+    attention_bias: bool = False
+    attention_dropout: float | int = 0.0
+    layer_types: list[str] | None = None
+    tie_word_embeddings: bool = False
+
+    target_hidden_size: int | None = None
+    num_target_layers: int = 36
+    target_layer_ids: list[int] | None = None
+    target_model_type: str | None = None
+    bos_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    pad_token_id: int | None = None
+
+    block_size: int = 16
+    mask_token_id: int = 151669
+    refiner: str | None = "xpress"
+    refiner_rank: int = 256
+    refiner_mlp_ratio: int = 2
+    jacobi_passes: int = 6
+    jacobi_early_stop: bool = True
+    refiner_shortlist: int | None = None
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        if self.target_hidden_size is None:
+            self.target_hidden_size = self.hidden_size
+        if self.target_layer_ids is None:
+            self.target_layer_ids = default_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
+        self.target_layer_ids = [int(i) for i in self.target_layer_ids]
+        if self.layer_types is None:
+            self.layer_types = ["full_attention"] * self.num_hidden_layers
+        super().__post_init__(**kwargs)
+        self.validate_xpress()
+
+    def validate_xpress(self) -> None:
+        """Raise a `ValueError` naming the first inconsistent field."""
+        if self.hidden_size != self.target_hidden_size:
+            raise ValueError(
+                f"XPressDrafterConfig: hidden_size ({self.hidden_size}) must equal target_hidden_size "
+                f"({self.target_hidden_size}): the drafter reads the target's embeddings and writes through its lm_head."
+            )
+        if self.refiner not in REFINERS:
+            raise ValueError(f"XPressDrafterConfig: refiner must be one of {REFINERS}, got {self.refiner!r}.")
+        if self.block_size < 2:
+            raise ValueError(f"XPressDrafterConfig: block_size must be >= 2 (anchor + drafts), got {self.block_size}.")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(
+                f"XPressDrafterConfig: mask_token_id {self.mask_token_id} is outside the vocabulary "
+                f"(vocab_size {self.vocab_size})."
+            )
+        if not self.target_layer_ids:
+            raise ValueError("XPressDrafterConfig: target_layer_ids must name at least one target layer.")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
+        if bad:
+            raise ValueError(
+                f"XPressDrafterConfig: target_layer_ids {bad} are outside the target's {self.num_target_layers} "
+                "layers (ids are 0-based)."
+            )
+        if self.jacobi_passes < 0:
+            raise ValueError(f"XPressDrafterConfig: jacobi_passes must be >= 0, got {self.jacobi_passes}.")
+        if self.refiner_shortlist is not None and not 1 <= self.refiner_shortlist <= self.vocab_size:
+            raise ValueError(
+                f"XPressDrafterConfig: refiner_shortlist must be None or in [1, vocab_size], got {self.refiner_shortlist}."
+            )
+        if self.refiner_rank < 1 or self.refiner_mlp_ratio < 1:
+            raise ValueError("XPressDrafterConfig: refiner_rank and refiner_mlp_ratio must be positive.")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"XPressDrafterConfig: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})."
+            )
+
+    @property
+    def num_drafts(self) -> int:
+        """Draft tokens per round: the block minus its anchor."""
+        return self.block_size - 1
+
+
+__all__ = ["XPressDrafterConfig", "default_target_layer_ids"]

@@ -1,0 +1,623 @@
+"""The xPress drafter: a dFlash block-diffusion drafter with an optional causal refiner.
+
+Read top to bottom:
+
+1. `XPressAttention` / `XPressDecoderLayer`: Qwen3-type layers whose keys/values are `cat(context, block)`. The
+   block (anchor + B-1 masks) attends to all of the context and bidirectionally within itself; no causal mask.
+2. `XPressRefiner` (xPress: Fuse / Mix / Trans / Read) and `XPressMarkovHead` (DSpark's sequential bigram bias).
+3. `XPressDrafterModel`: the fused target context (`fc` -> `hidden_norm`), the layers, the final `norm`, the
+   refiner, and `propose()`, which turns one drafter forward into B-1 draft tokens and their logits (seed,
+   then K parallel Jacobi passes of the refiner, or the Markov head's left-to-right decode).
+
+The drafter owns no embedding and no lm_head: callers pass the target's (`target.get_input_embeddings()`,
+`target.get_output_embeddings()`). This file imports only torch and transformers so that it also runs as
+Hub remote code without the `hf_xpress` package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache
+from transformers.modeling_outputs import BaseModelOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3MLP,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+    eager_attention_forward,
+    rotate_half,
+)
+
+from .configuration_xpress import XPressDrafterConfig
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# dFlash layers
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class XPressRMSNorm(Qwen3RMSNorm):
+    pass
+
+
+class XPressRotaryEmbedding(Qwen3RotaryEmbedding):
+    pass
+
+
+class XPressAttention(nn.Module):
+    """Qwen3 attention (q_norm/k_norm, GQA, RoPE) where keys/values come from `cat(context, block)`."""
+
+    def __init__(self, config: XPressDrafterConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.head_dim = config.head_dim
+        self.num_key_value_groups = config.num_attention_heads // config.num_key_value_heads
+        self.scaling = self.head_dim**-0.5
+        self.attention_dropout = config.attention_dropout
+        self.is_causal = False
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(config.num_attention_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_norm = XPressRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = XPressRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        context: torch.Tensor | None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+    ) -> torch.Tensor:
+        """hidden_states: `[b, q, H]` (the block); context: `[b, c, H]` new context rows, or None.
+
+        `position_embeddings` cover the `c + q` new positions. Returns `[b, q, H]`.
+        """
+        b, q, _ = hidden_states.shape
+        kv_input = hidden_states if context is None else torch.cat([context, hidden_states], dim=1)
+        query = self.q_norm(self.q_proj(hidden_states).view(b, q, -1, self.head_dim)).transpose(1, 2)
+        key = self.k_norm(self.k_proj(kv_input).view(b, kv_input.shape[1], -1, self.head_dim)).transpose(1, 2)
+        value = self.v_proj(kv_input).view(b, kv_input.shape[1], -1, self.head_dim).transpose(1, 2)
+
+        cos, sin = (t.unsqueeze(1) for t in position_embeddings)
+        query = query * cos[:, :, -q:] + rotate_half(query) * sin[:, :, -q:]
+        key = key * cos + rotate_half(key) * sin
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)
+
+        attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        out, _ = attention_interface(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+        )
+        return self.o_proj(out.reshape(b, q, -1).contiguous())
+
+
+class XPressDecoderLayer(nn.Module):
+    """Pre-norm Qwen3 decoder layer; the fused context is shared by every layer and is not re-normalised."""
+
+    def __init__(self, config: XPressDrafterConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = XPressAttention(config, layer_idx)
+        self.mlp = Qwen3MLP(config)
+        self.input_layernorm = XPressRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = XPressRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        context: torch.Tensor | None,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+    ) -> torch.Tensor:
+        residual = hidden_states
+        hidden_states = self.self_attn(
+            self.input_layernorm(hidden_states), context, position_embeddings, attention_mask, cache
+        )
+        hidden_states = residual + hidden_states
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Refiners
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class XPressCausalMixer(nn.Module):
+    """Channel-wise causal mixer over the block: `u[k, c] = sum_{j<=k} L[c, k, j] x[j, c]`, output `x + u`."""
+
+    def __init__(self, rank: int, block_size: int):
+        super().__init__()
+        self.L = nn.Parameter(torch.zeros(rank, block_size, block_size))
+        self.register_buffer("tril", torch.tril(torch.ones(block_size, block_size)), persistent=False)
+
+    def folded(self) -> torch.Tensor:
+        """`L * tril + I`, shape `[r, B, B]`: the whole mixer (residual included) as one batched matmul."""
+        eye = torch.eye(self.tril.shape[0], dtype=self.L.dtype, device=self.L.device)
+        return self.L * self.tril.to(self.L.dtype) + eye
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: `[N, B, r]` -> `[N, B, r]`."""
+        mixed = torch.bmm(self.folded(), x.permute(2, 1, 0))  # [r, B, N]
+        return mixed.permute(2, 1, 0)
+
+
+class XPressRefinerMLP(nn.Module):
+    """SwiGLU in r dims, no bias (the residual is added by the caller)."""
+
+    def __init__(self, rank: int, hidden: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(rank, hidden, bias=False)
+        self.up_proj = nn.Linear(rank, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, rank, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class XPressRefiner(nn.Module):
+    """xPress: a learned logit bias `delta_k` for the drafter's logits `s_k`, causal in the block's tokens.
+
+    Fuse `[down_h(h_k), down_g(mean(h)), w1(x_{k-1})]` -> `in_proj`; Mix (causal over slots); Trans (residual
+    SwiGLU); Read (`w2`, r -> V). Slot k's input carries the token at k-1, so slot k depends only on tokens < k.
+    """
+
+    def __init__(self, config: XPressDrafterConfig):
+        super().__init__()
+        r = config.refiner_rank
+        self.rank = r
+        self.w1 = nn.Embedding(config.vocab_size, r)
+        self.down_h = nn.Linear(config.hidden_size, r, bias=False)
+        self.down_g = nn.Linear(config.hidden_size, r, bias=False)
+        self.in_proj = nn.Linear(3 * r, r, bias=False)
+        self.mix = XPressCausalMixer(r, config.block_size)
+        self.mlp = XPressRefinerMLP(r, config.refiner_mlp_ratio * r)
+        self.w2 = nn.Linear(r, config.vocab_size, bias=False)
+
+    def hidden_part(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The token-independent part of `in_proj`, computed once per block. hidden: `[N, B, H]` -> `[N, B, r]`."""
+        r = self.rank
+        w = self.in_proj.weight
+        local = self.down_h(hidden) @ w[:, :r].T
+        pooled = self.down_g(hidden.mean(dim=1, keepdim=True)) @ w[:, r : 2 * r].T
+        return local + pooled
+
+    def delta(self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, start: int = 1) -> torch.Tensor:
+        """Logit bias for slots `start..B-1`.
+
+        hidden_part: `[N, B, r]` from `hidden_part()`; prev_tokens: `[N, B]`, the token before each slot
+        (slot 0: the token before the anchor). Returns `[N, B - start, V]`.
+        """
+        return self.w2(self.features(hidden_part, prev_tokens, start))
+
+    def features(self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, start: int = 1) -> torch.Tensor:
+        """Fuse, Mix and Trans: the r-dim input of the read-out `w2` for slots `start..B-1`, `[N, B - start, r]`."""
+        x = hidden_part + self.w1(prev_tokens) @ self.in_proj.weight[:, 2 * self.rank :].T
+        x = self.mix(x)[:, start:]
+        return x + self.mlp(x)
+
+    def delta_shortlist(
+        self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, candidates: torch.LongTensor, start: int = 1
+    ) -> torch.Tensor:
+        """`delta` read for `candidates` `[N, B - start, M]` token ids only: `[N, B - start, M]`."""
+        x = self.features(hidden_part, prev_tokens, start)
+        return torch.einsum("nkr,nkmr->nkm", x, self.w2.weight[candidates])
+
+    def forward(self, hidden: torch.Tensor, prev_tokens: torch.LongTensor) -> torch.Tensor:
+        """Teacher-forced bias for slots 1..B-1: hidden `[N, B, H]`, prev_tokens `[N, B]` -> `[N, B-1, V]`."""
+        return self.delta(self.hidden_part(hidden), prev_tokens)
+
+    def refine_fixed(
+        self,
+        hidden_part: torch.Tensor,
+        base_logits: torch.Tensor,
+        lead_tokens: torch.LongTensor,
+        noise: torch.Tensor,
+        passes: int,
+    ) -> tuple[torch.LongTensor, torch.Tensor]:
+        """Exactly `passes` Jacobi passes with static shapes, no host syncs and no data-dependent control flow, so
+        the whole loop can be captured in a CUDA graph (`torch.compile(..., mode="reduce-overhead")`).
+
+        hidden_part `[N, B, r]`, base_logits `[N, B-1, V]` float32, lead_tokens `[N, 2]`, noise `[N, B-1, V]`
+        (zeros for greedy). Returns tokens `[N, B-1]` and their logits `[N, B-1, V]`.
+        """
+        logits = base_logits
+        tokens = (logits + noise).argmax(dim=-1)
+        for _ in range(passes):
+            prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)
+            logits = base_logits + self.delta(hidden_part, prev).float()
+            tokens = (logits + noise).argmax(dim=-1)
+        return tokens, logits
+
+
+class XPressMarkovHead(nn.Module):
+    """DSpark's Markov head: bias `w2(w1[x_{k-1}])`, decoded left to right (B-1 serial steps)."""
+
+    def __init__(self, config: XPressDrafterConfig):
+        super().__init__()
+        self.w1 = nn.Embedding(config.vocab_size, config.refiner_rank)
+        self.w2 = nn.Linear(config.refiner_rank, config.vocab_size, bias=False)
+
+    def forward(self, prev_tokens: torch.LongTensor) -> torch.Tensor:
+        """prev_tokens: `[N, n]` -> bias `[N, n, V]` for the slots that follow them."""
+        return self.w2(self.w1(prev_tokens))
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The drafter
+# --------------------------------------------------------------------------------------------------------------------
+
+
+LogitsHook = Callable[[torch.Tensor, int, "torch.LongTensor | None"], torch.Tensor]
+"""`hook(scores [1, n, V], start, cond)`: process the scores of slots `start+1 .. start+n` (1-based slot numbers),
+where `cond[:, :j]` are the draft tokens slot `j+1` was conditioned on (None: conditioned on no draft token)."""
+
+
+@dataclass
+class DraftProposal:
+    """What `XPressDrafterModel.propose` returns."""
+
+    tokens: torch.LongTensor  # [1, B-1] draft tokens
+    logits: torch.Tensor  # [1, B-1, V] float32 logits the tokens are (Gumbel-)argmaxes of
+    passes: int  # refinement passes run (Jacobi passes, or Markov steps)
+
+
+def check_compatible(target_config, drafter_config: XPressDrafterConfig) -> None:
+    """Raise a `ValueError` if `drafter_config` was not built for a target with `target_config`."""
+    text = target_config.get_text_config()
+    problems = []
+    if text.vocab_size != drafter_config.vocab_size:
+        problems.append(f"vocab_size: target {text.vocab_size}, drafter {drafter_config.vocab_size}")
+    if text.hidden_size != drafter_config.target_hidden_size:
+        problems.append(f"hidden size: target {text.hidden_size}, drafter {drafter_config.target_hidden_size}")
+    if text.num_hidden_layers != drafter_config.num_target_layers:
+        problems.append(f"depth: target {text.num_hidden_layers} layers, drafter expects {drafter_config.num_target_layers}")
+    beyond = [i for i in drafter_config.target_layer_ids if i >= text.num_hidden_layers]
+    if beyond:
+        problems.append(f"target_layer_ids {beyond} are past the target's {text.num_hidden_layers} layers")
+    if problems:
+        raise ValueError(
+            f"This xPress drafter was built for another target ({drafter_config.target_model_type or 'unknown'}), "
+            f"not this {text.model_type}: " + "; ".join(problems) + "."
+        )
+
+
+class XPressPreTrainedModel(PreTrainedModel):
+    config: XPressDrafterConfig
+    config_class = XPressDrafterConfig
+    base_model_prefix = "drafter"
+    main_input_name = "noise_embeds"
+    _no_split_modules = ["XPressDecoderLayer"]
+    _supports_sdpa = True
+    _supports_flash_attn = False
+    _supports_attention_backend = True
+    _keys_to_ignore_on_load_unexpected = [r"mix\.tril"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, XPressCausalMixer):
+            init.zeros_(module.L)
+            init.copy_(module.tril, torch.tril(torch.ones_like(module.tril)))
+
+
+class XPressDrafterModel(XPressPreTrainedModel):
+    """dFlash drafter + refiner. Use it as `target.generate(..., assistant_model=drafter)` after `import hf_xpress`.
+
+    `forward` has the signature of transformers' native DFlash drafters, so `speculation_type="dflash"` also
+    runs it (drafter alone, no refiner).
+    """
+
+    def __init__(self, config: XPressDrafterConfig):
+        super().__init__(config)
+        num_context = len(config.target_layer_ids)
+        self.fc = nn.Linear(num_context * config.target_hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = XPressRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.layers = nn.ModuleList(XPressDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = XPressRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = XPressRotaryEmbedding(config)
+        if config.refiner == "xpress":
+            self.refiner = XPressRefiner(config)
+        elif config.refiner == "markov":
+            self.refiner = XPressMarkovHead(config)
+        else:
+            self.refiner = None
+        self.stats = None  # set by the candidate generator at each generate() call
+        self._fast_refine = None  # set by enable_fast_refine()
+        self.post_init()
+
+    def enable_fast_refine(self, mode: str | None = "reduce-overhead", backend: str = "inductor") -> None:
+        """Run xPress refinement through `XPressRefiner.refine_fixed` compiled with `torch.compile(fullgraph=True)`.
+
+        Used by `propose()` when early stop is off and no logits processor is active (greedy or plain sampling):
+        fixed K passes without host syncs, captured as one CUDA graph with `mode="reduce-overhead"`. Same tokens
+        and logits as the eager loop. `disable_fast_refine()` undoes it.
+        """
+        if not isinstance(self.refiner, XPressRefiner):
+            raise ValueError(f"enable_fast_refine needs an xPress refiner; this drafter has refiner={self.config.refiner!r}.")
+        self._fast_refine = torch.compile(self.refiner.refine_fixed, fullgraph=True, mode=mode, backend=backend)
+
+    def disable_fast_refine(self) -> None:
+        self._fast_refine = None
+
+    # ---- building -------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def from_target(
+        cls, target: PreTrainedModel, refiner: str | None = "xpress", **overrides
+    ) -> "XPressDrafterModel":
+        """An untrained drafter sized for `target`: every target-dependent field is read from its config.
+
+        Defaults: the target's width, heads, MLP size, RoPE and special tokens; 1 decoder layer per 6 target layers
+        (at least 1, at most 5). Any `XPressDrafterConfig` field can be overridden.
+        """
+        text = target.config.get_text_config()
+        kwargs = dict(
+            vocab_size=text.vocab_size,
+            hidden_size=text.hidden_size,
+            target_hidden_size=text.hidden_size,
+            intermediate_size=text.intermediate_size,
+            num_hidden_layers=max(1, min(5, text.num_hidden_layers // 6)),
+            num_attention_heads=text.num_attention_heads,
+            num_key_value_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
+            head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+            max_position_embeddings=text.max_position_embeddings,
+            num_target_layers=text.num_hidden_layers,
+            target_model_type=text.model_type,
+            bos_token_id=text.bos_token_id,
+            eos_token_id=text.eos_token_id,
+            pad_token_id=text.pad_token_id,
+            mask_token_id=default_mask_token_id(text),
+            refiner=refiner,
+        )
+        rope = getattr(text, "rope_parameters", None)
+        if rope and rope.get("rope_type", "default") == "default":
+            kwargs["rope_parameters"] = dict(rope)
+        kwargs.update(overrides)
+        config = XPressDrafterConfig(**kwargs)
+        check_compatible(target.config, config)
+        model = cls(config)
+        return model.to(device=target.device, dtype=target.dtype)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs) -> "XPressDrafterModel":
+        """`PreTrainedModel.from_pretrained`, refusing foreign or incomplete checkpoints with a clear error."""
+        config = kwargs.get("config")
+        if config is None:
+            config_kwargs = {
+                k: kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only", "subfolder") if k in kwargs
+            }
+            raw, _ = XPressDrafterConfig.get_config_dict(pretrained_model_name_or_path, **config_kwargs)
+            model_type = raw.get("model_type")
+            if model_type != XPressDrafterConfig.model_type:
+                converted = _convert_foreign_folder(pretrained_model_name_or_path, kwargs.get("dtype"))
+                if converted is not None:
+                    return converted
+                raise ValueError(
+                    f"{pretrained_model_name_or_path} is not an xPress drafter checkpoint (config model_type "
+                    f"{model_type!r}, expected 'xpress_drafter'). To import z-lab dFlash or official xPress/Markov "
+                    "checkpoints, use `hf_xpress.conversion` (`hf-xpress convert`)."
+                )
+        want_info = kwargs.pop("output_loading_info", False)
+        try:
+            model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
+        except Exception as err:  # safetensors, torch and transformers raise unrelated exception types
+            raise ValueError(f"Could not load xPress drafter weights from {pretrained_model_name_or_path}: {err}") from err
+        missing = [k for k in info.get("missing_keys", []) if not k.endswith("mix.tril")]
+        mismatched = info.get("mismatched_keys", [])
+        if missing or mismatched:
+            raise ValueError(
+                f"Incomplete or mismatched xPress drafter checkpoint at {pretrained_model_name_or_path}: "
+                f"missing {sorted(missing)[:8]}{'...' if len(missing) > 8 else ''}, "
+                f"mismatched {[m[0] if isinstance(m, tuple) else m for m in mismatched][:8]}."
+            )
+        return (model, info) if want_info else model
+
+    # ---- forward --------------------------------------------------------------------------------------------------
+
+    def fuse_context(self, context_hidden_states: torch.Tensor) -> torch.Tensor:
+        """`[b, c, n*H_target]` (target layer outputs, concatenated) -> `[b, c, H]` via `fc` and `hidden_norm`."""
+        expected = self.fc.in_features
+        if context_hidden_states.shape[-1] != expected:
+            raise ValueError(
+                f"context_hidden_states has width {context_hidden_states.shape[-1]}, but this drafter expects "
+                f"{expected} = {len(self.config.target_layer_ids)} target layers x {self.config.target_hidden_size}."
+            )
+        return self.hidden_norm(self.fc(context_hidden_states.to(self.fc.weight.dtype)))
+
+    def forward(
+        self,
+        noise_embeds: torch.Tensor,
+        context_hidden_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        r"""
+        noise_embeds: `[b, q, H]` target input embeddings of the block(s): `[anchor, mask, ..., mask]`.
+        context_hidden_states: `[b, c, n*H_target]` target layer outputs of the `c` new context tokens, or None.
+        attention_mask: None (everything visible), a 2D padding mask `[b, past + c + q]`, or a boolean mask
+            `[b, 1, q, past + c + q]` (True = may attend), e.g. the packed-blocks mask used in training.
+        position_ids: `[b, c + q]` absolute positions of the new context rows then the block; defaults to
+            consecutive positions after the cache.
+        cache: a `DynamicCache` (e.g. `DFlashCache`) holding context keys/values; the block's are appended too and
+            must be cropped by the caller after drafting.
+        Returns `last_hidden_state` `[b, q, H]` after the final norm.
+        """
+        b, q, _ = noise_embeds.shape
+        context = None if context_hidden_states is None else self.fuse_context(context_hidden_states)
+        c = 0 if context is None else context.shape[1]
+        past = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past, past + c + q, device=noise_embeds.device).unsqueeze(0).expand(b, -1)
+        if position_ids.shape[-1] != c + q:
+            raise ValueError(f"position_ids must cover the {c} context rows and {q} block rows, got {position_ids.shape[-1]}.")
+        mask = _attention_bias(attention_mask, q, past + c + q, noise_embeds.dtype)
+        hidden_states = noise_embeds.to(self.fc.weight.dtype)
+        position_embeddings = self.rotary_emb(hidden_states, position_ids)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, context, position_embeddings, mask, cache)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)
+
+    # ---- drafting -------------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def propose(
+        self,
+        hidden: torch.Tensor,
+        base_logits: torch.Tensor,
+        lead_tokens: torch.LongTensor,
+        passes: int | None = None,
+        early_stop: bool | None = None,
+        noise: torch.Tensor | None = None,
+        logits_hook: LogitsHook | None = None,
+    ) -> DraftProposal:
+        """Draft tokens for one block.
+
+        hidden: `[1, B, H]` drafter output; base_logits: `[1, B-1, V]` float32 logits `s_k` of slots 1..B-1;
+        lead_tokens: `[1, 2]` the token before the anchor, then the anchor. `noise` (`[1, B-1, V]` Gumbel noise,
+        drawn once per block) turns every argmax into a sample; `logits_hook` applies logits processors.
+
+        xPress: seed with the drafter's (Gumbel-)argmax, then `passes` Jacobi passes updating every slot at once from
+        the previous pass's tokens. With early stop, slots up to the first one that changed are locked (their inputs
+        no longer change) and the loop ends when nothing changes: the result equals `passes` full passes.
+        Markov head: left-to-right, slot k biased by the token chosen at k-1. No refiner: the seed.
+        """
+        passes = self.config.jacobi_passes if passes is None else passes
+        early_stop = self.config.jacobi_early_stop if early_stop is None else early_stop
+        hook = logits_hook or (lambda scores, start, cond: scores)
+
+        def pick(scores: torch.Tensor, start: int) -> torch.LongTensor:
+            return (scores if noise is None else scores + noise[:, start : start + scores.shape[1]]).argmax(dim=-1)
+
+        base_logits = base_logits.float()  # no copy when already float32; never written to
+        if isinstance(self.refiner, XPressMarkovHead):
+            return self._propose_markov(base_logits, lead_tokens[:, 1:], pick, hook)
+
+        logits = hook(base_logits, 0, None)
+        tokens = pick(logits, 0)
+        if not isinstance(self.refiner, XPressRefiner) or passes == 0:
+            return DraftProposal(tokens, logits, 0)
+
+        hidden_part = self.refiner.hidden_part(hidden)
+        if not early_stop and self._fast_refine is not None and logits_hook is None:
+            zeros = torch.zeros_like(base_logits) if noise is None else noise
+            tokens, logits = self._fast_refine(hidden_part, base_logits, lead_tokens, zeros, passes)
+            return DraftProposal(tokens.clone(), logits.clone(), passes)  # clone: graph outputs are reused buffers
+
+        # What one pass scores: every token (the paper), or a per-slot shortlist of the drafter's top-M tokens.
+        shortlist = self.config.refiner_shortlist if logits_hook is None else None
+        if shortlist is None:
+            base = base_logits
+            bias = lambda prev, start: self.refiner.delta(hidden_part, prev, start + 1)  # noqa: E731
+            choose = pick
+        else:
+            candidates = logits.topk(min(shortlist, logits.shape[-1]), dim=-1).indices  # [1, B-1, M]
+            base = base_logits.gather(-1, candidates)
+            cand_noise = None if noise is None else noise.gather(-1, candidates)
+            bias = lambda prev, start: self.refiner.delta_shortlist(  # noqa: E731
+                hidden_part, prev, candidates[:, start:], start + 1
+            )
+
+            def choose(scores: torch.Tensor, start: int) -> torch.LongTensor:
+                scores = scores if cand_noise is None else scores + cand_noise[:, start : start + scores.shape[1]]
+                return candidates[:, start : start + scores.shape[1]].gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
+
+        num_slots, start, run = tokens.shape[1], 0, 0
+        scores = base.clone()  # written in place (rows start..) below
+        while run < passes and start < num_slots:
+            prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)  # [1, B]: the token before each slot
+            new_scores = hook(base[:, start:] + bias(prev, start), start, tokens)  # float32 by promotion
+            new_tokens = choose(new_scores, start)
+            run += 1
+            if early_stop:  # rows up to the first one that changed are locked: their inputs no longer change
+                changed = (new_tokens != tokens[:, start:])[0].nonzero()
+            scores[:, start:] = new_scores
+            tokens[:, start:] = new_tokens
+            if early_stop:
+                if changed.numel() == 0:
+                    break
+                start += int(changed[0]) + 1
+        if shortlist is not None:
+            scores = torch.full_like(base_logits, float("-inf")).scatter_(-1, candidates, scores)
+        return DraftProposal(tokens, scores, run)
+
+    def _propose_markov(self, base_logits, anchor, pick, hook) -> DraftProposal:
+        """Left-to-right: slot k's logits are `s_k + w2(w1[token at k-1])`, one serial step per slot."""
+        logits = torch.empty_like(base_logits)
+        tokens = torch.empty(base_logits.shape[:2], dtype=torch.long, device=base_logits.device)
+        prev = anchor
+        for k in range(base_logits.shape[1]):
+            logits[:, k : k + 1] = hook(base_logits[:, k : k + 1] + self.refiner(prev), k, tokens)
+            tokens[:, k : k + 1] = prev = pick(logits[:, k : k + 1], k)
+        return DraftProposal(tokens, logits, base_logits.shape[1])
+
+
+def _convert_foreign_folder(path, dtype) -> "XPressDrafterModel | None":
+    """A local z-lab dFlash, MuseGlimmer or vLLM-export folder, converted with `hf_xpress.conversion` when the package
+    is installed (this file also runs as remote code without it). None when that does not apply."""
+    try:
+        from hf_xpress.conversion import ConversionError, detect_format, load_checkpoint
+    except ImportError:
+        return None
+    try:
+        fmt = detect_format(path)
+    except ConversionError:
+        return None
+    if fmt not in ("dflash", "muse_glimmer", "vllm_xpress", "vllm_dspark"):
+        return None
+    return load_checkpoint(path, dtype=dtype).eval()
+
+
+def _attention_bias(attention_mask: torch.Tensor | None, q: int, kv: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """None, 2D padding or 4D boolean mask -> None or an additive float mask `[b, 1, q, kv]`."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() == 2:
+        if attention_mask.shape[-1] != kv:
+            raise ValueError(f"attention_mask covers {attention_mask.shape[-1]} positions, expected {kv}.")
+        if bool(attention_mask.all()):
+            return None
+        attention_mask = attention_mask[:, None, None, :].bool().expand(-1, 1, q, -1)
+    if attention_mask.dtype != torch.bool:
+        return attention_mask.to(dtype)
+    bias = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
+    return bias.masked_fill(~attention_mask, torch.finfo(dtype).min)
+
+
+def default_mask_token_id(text_config) -> int:
+    """Qwen vocabularies reserve `<|MASK|>` (151669); other targets use their last vocabulary id."""
+    if text_config.vocab_size >= 151670 and text_config.model_type.startswith("qwen"):
+        return 151669
+    return text_config.vocab_size - 1
+
+
+__all__ = [
+    "DraftProposal",
+    "XPressDrafterModel",
+    "XPressMarkovHead",
+    "XPressPreTrainedModel",
+    "XPressRefiner",
+    "check_compatible",
+]

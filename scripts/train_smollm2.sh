@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Reproduces the shipped SmolLM2-135M-Instruct drafters (drafters/smollm2-135m-{dflash,markov,xpress}-b16).
+# Every step resumes where it stopped: re-run the same command after an interruption.
+#
+#   bash scripts/train_smollm2.sh data      # label the training set (+ local feature cache)
+#   bash scripts/train_smollm2.sh train     # the three runs, in parallel, 1 thread each
+#   bash scripts/train_smollm2.sh ship      # measure tau, copy the best checkpoints to drafters/, write the cards
+#   bash scripts/train_smollm2.sh lora      # part 5: LoRA-attach xPress to the dFlash drafter
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TARGET=smollm2-135m-instruct
+DATA=data/smollm2-label
+CACHE=${HF_XPRESS_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-label-L1-14-27}
+LAYER_IDS=1,14,27
+
+# Same drafter, data and budget for the three runs; only --refiner differs.
+COMMON=(--target "$TARGET" --data "$DATA" --feature-cache "$CACHE"
+        --layers 2 --layer-ids "$LAYER_IDS" --block-size 16 --mask-token-id 16 --refiner-rank 128
+        --train-vocab 8192 --anchors-per-seq 16 --batch-size 4 --grad-accum 1 --lr 1e-3 --max-steps 900 --mixed-precision bf16
+        --eval-every 100 --save-every 25 --heldout-every 25 --heldout-seqs 24 --eval-anchors 8 --seed 0 --threads 1)
+
+case "${1:-all}" in
+  data|all)
+    # ShareGPT first exchanges (their existing responses) + stdlib source as code blocks, shuffled (seed 0),
+    # labelled by one teacher-forced target forward; the labelled prefix is used if stopped early.
+    hf-xpress data --target "$TARGET" --source sharegpt,stdlib --num-prompts 1500 --num-code 700 --seed 0 \
+      --out "$DATA" --layer-ids "$LAYER_IDS" --feature-cache "$CACHE" --threads 2 ${MAX_SECONDS:+--max-seconds $MAX_SECONDS}
+    ;;&
+  train|all)
+    mkdir -p runs
+    for refiner in none markov xpress; do
+      hf-xpress train "${COMMON[@]}" --refiner "$refiner" --out "runs/smollm2-$refiner" > "runs/smollm2-$refiner.log" 2>&1 &
+    done
+    wait
+    ;;&
+  ship|all)
+    # tau with real speculative decoding (greedy, fp32 target): plain greedy outputs once, then each drafter.
+    REF=results/training/greedy-reference.json
+    python -m hf_xpress.training tau --reference "$REF" --sets humaneval,mtbench,math500 --limit 6 --threads 1
+    for refiner in none markov xpress; do
+      python -m hf_xpress.training tau --drafter "runs/smollm2-$refiner/best" --reference "$REF" \
+        --sets humaneval,mtbench,math500 --limit 6 --threads 1 --out "results/training/tau-$refiner.json" &
+    done
+    wait
+    TAUS=(--tau "dFlash=results/training/tau-none.json" --tau "+ Markov=results/training/tau-markov.json"
+          --tau "+ xPress=results/training/tau-xpress.json")
+    python -m hf_xpress.training ship --run runs/smollm2-none --out drafters/smollm2-135m-dflash-b16 "${TAUS[@]}"
+    python -m hf_xpress.training ship --run runs/smollm2-markov --out drafters/smollm2-135m-markov-b16 "${TAUS[@]}"
+    python -m hf_xpress.training ship --run runs/smollm2-xpress --out drafters/smollm2-135m-xpress-b16 "${TAUS[@]}"
+    ;;
+  lora)
+    # Part 5: attach xPress to the trained dFlash drafter (LoRA r=16 on its layers and fc, refiner trained fully).
+    hf-xpress train "${COMMON[@]}" --refiner xpress --init-drafter runs/smollm2-none/final --lora --lora-rank 16 \
+      --max-steps 300 --out runs/smollm2-xpress-lora
+    ;;
+esac

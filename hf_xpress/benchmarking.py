@@ -1268,6 +1268,10 @@ def _load_sets(names: Sequence[str], limit: int | None, target, tokenizer, max_n
     return sets
 
 
+def _shortlists(text: str) -> list[int | None]:
+    return [None if v.strip().lower() == "none" else int(v) for v in text.split(",") if v.strip()]
+
+
 def main(args: argparse.Namespace) -> int:
     import hf_xpress  # noqa: F401
 
@@ -1285,6 +1289,11 @@ def main(args: argparse.Namespace) -> int:
     if args.block_only or args.block_latency:
         xp = next((d for _, d in drafters if d.config.refiner == "xpress"), drafters[0][1] if drafters else None)
         overrides = {} if xp is not None else {"num_hidden_layers": args.block_layers, "refiner_rank": args.block_rank}
+        block_shortlist = _shortlists(args.shortlist)[-1]  # the last --shortlist value (none: full vocabulary)
+        if xp is not None:
+            xp.config.refiner_shortlist = block_shortlist
+        else:
+            overrides["refiner_shortlist"] = block_shortlist
         block = block_latency(target, xp, passes=range(1, 9), context_length=args.block_context,
                               repeats=args.block_repeats, **overrides)
         if args.block_only:
@@ -1309,7 +1318,7 @@ def main(args: argparse.Namespace) -> int:
         assistant=assistant,
         passes=_int_list(args.passes),
         early_stop=_early_stop_list(args.early_stop),
-        shortlists=[None if v.strip().lower() == "none" else int(v) for v in args.shortlist.split(",") if v.strip()],
+        shortlists=_shortlists(args.shortlist),
         prompt_lookup=None if args.no_prompt_lookup else args.prompt_lookup_tokens,
         native_dflash=not args.no_native_dflash,
     )
@@ -1373,7 +1382,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--passes", default=",".join(map(str, DEFAULT_PASSES)), help="xPress K values, e.g. 1,2,4,6,8")
     p.add_argument("--early-stop", default="on,off", help="xPress early stop settings to run: on,off | on | off")
     p.add_argument("--shortlist", default="none",
-                   help="xPress refiner_shortlist values to run, e.g. none,64 (none: the full vocabulary)")
+                   help="xPress refiner_shortlist values to run, e.g. none,64 (none: the full vocabulary); "
+                   "--block-only uses the last one")
     p.add_argument("--methods", help="only these methods (names or kinds: pld, assisted, native-dflash, dflash, "
                    "markov, xpress, 'xpress K=4 es'); plain always runs")
     p.add_argument("--prompt-lookup-tokens", type=int, default=PROMPT_LOOKUP_TOKENS)

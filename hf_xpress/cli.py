@@ -11,6 +11,8 @@ COMMANDS: dict[str, str] = {
     "demo": "hf_xpress.demo:add_parser",
     "data": "hf_xpress.training:add_data_parser",
     "train": "hf_xpress.training:add_train_parser",
+    "tau": "hf_xpress.training:add_tau_parser",
+    "ship": "hf_xpress.training:add_ship_parser",
     "convert": "hf_xpress.conversion:add_convert_parser",
     "export": "hf_xpress.conversion:add_export_parser",
     "push": "hf_xpress.hub:add_push_parser",

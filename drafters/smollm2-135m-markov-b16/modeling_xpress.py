@@ -156,7 +156,7 @@ class XPressCausalMixer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: `[N, B, r]` -> `[N, B, r]`."""
-        mixed = torch.bmm(self.folded(), x.permute(2, 1, 0))  # [r, B, N]
+        mixed = torch.bmm(self.folded(), x.permute(2, 1, 0).contiguous())  # [r, B, N]; contiguous: faster bmm (and grad)
         return mixed.permute(2, 1, 0)
 
 

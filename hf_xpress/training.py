@@ -519,17 +519,12 @@ def active_module(module: Any) -> Any:
 
 def refiner_delta(refiner: XPressRefiner, hidden_part: torch.Tensor, prev: torch.LongTensor,
                   cols: torch.LongTensor | None = None, w2: torch.Tensor | None = None) -> torch.Tensor:
-    """`refiner.delta(hidden_part, prev)` `[N, B-1, V]`, or only its columns `cols` `[N, B-1, K]`.
-
-    The same maths as `XPressRefiner.delta` (Fuse input, Mix, Trans, Read), with the mixer written as a broadcast
-    multiply-and-sum: `XPressCausalMixer.forward` hands `bmm` a permuted view, whose forward and backward are
-    far slower on CPU (profiled: 1.4 s per call at N = 64 blocks, r = 128, 55% of a training step)."""
-    x = hidden_part + refiner.w1(prev) @ refiner.in_proj.weight[:, 2 * refiner.rank :].T  # [N, B, r]
-    mixer = refiner.mix.folded().permute(1, 2, 0)  # [B (out slot k), B (in slot j), r]
-    x = (mixer[None] * x[:, None]).sum(2)[:, 1:]  # u[n, k, c] = sum_j L[c, k, j] x[n, j, c]
+    """`refiner.delta(hidden_part, prev)` `[N, B-1, V]`, or only its columns `cols` `[N, B-1, K]` (the read-out of
+    `XPressRefiner.features`, restricted to the rows of `w2` a training vocabulary keeps)."""
+    x = refiner.features(hidden_part, prev)  # Fuse, Mix, Trans: [N, B-1, r]
     if w2 is None:  # `w2`: the rows `cols` of `refiner.w2.weight`, when the caller already gathered them
         w2 = refiner.w2.weight if cols is None else refiner.w2.weight[cols]
-    return F.linear(x + refiner.mlp(x), w2)
+    return F.linear(x, w2)
 
 
 def markov_delta(head: XPressMarkovHead, prev: torch.LongTensor, cols: torch.LongTensor | None = None) -> torch.Tensor:

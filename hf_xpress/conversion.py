@@ -85,7 +85,9 @@ RELEASED_XPRESS_VARIANT = dict(
     input_relu=False,
 )
 # Config keys of the dFlash layouts that change the computation in ways XPressDrafterModel does not implement.
-UNSUPPORTED_DFLASH_FEATURES = ("causal", "attention_sink_bias", "use_swa")
+UNSUPPORTED_DFLASH_FEATURES = ("attention_sink_bias", "use_swa", "conv_kernel_size", "selector_rank")
+# Defaults of z-lab's logit / embedding scalings; any other value changes what the drafter computes.
+DFLASH_SCALINGS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
 
 
 class ConversionError(ValueError):
@@ -195,23 +197,28 @@ def _rope_parameters(raw: dict) -> dict:
     return dict(Qwen3Config(**keys).rope_parameters)
 
 
-def _check_full_attention(raw: dict, name: str, allow_sliding_window: bool) -> None:
-    layer_types = raw.get("layer_types") or []
-    sliding = [i for i, t in enumerate(layer_types) if t != "full_attention"]
-    window = raw.get("sliding_window")
-    if raw.get("use_sliding_window") and not layer_types:
-        sliding = list(range(raw.get("num_hidden_layers", 0)))
-    if sliding and not allow_sliding_window:
-        raise ConversionError(
-            f"{name} has sliding-window attention in layers {sliding} (window {window}). XPressDrafterModel attends to "
-            "the whole context, which computes the same as the original only while context + block <= the window. "
-            "Pass allow_sliding_window=True (`--allow-sliding-window`) to convert anyway."
-        )
-    if sliding:
-        logger.warning(
-            "%s: sliding-window layers %s (window %s) converted to full attention; exact for context + block <= %s.",
-            name, sliding, window, window,
-        )
+def zlab_attention_layout(raw: dict) -> dict:
+    """`layer_types`, `sliding_window` and `causal_layers` of a z-lab dFlash config, as its model reads them.
+
+    Layer types come from transformers' `Qwen3Config` (the drafter's config class: explicit `layer_types`, else
+    `use_sliding_window` with `max_window_layers`); a layer is causal within the block if
+    `dflash_config.causal` says so, else if the top-level `is_causal` says so, else if it is a sliding-window layer
+    (z-lab's and vLLM's rule). A sliding layer without a window is a causal full-attention layer.
+    """
+    from transformers import Qwen3Config
+
+    keys = ("num_hidden_layers", "layer_types", "use_sliding_window", "sliding_window", "max_window_layers")
+    qwen = Qwen3Config(**{k: raw[k] for k in keys if raw.get(k) is not None})
+    window = qwen.sliding_window
+    dflash = raw.get("dflash_config") or {}
+    forced = dflash.get("causal", raw.get("is_causal"))
+    causal = [
+        i for i, kind in enumerate(qwen.layer_types)
+        if (bool(forced) if forced is not None else kind == "sliding_attention")
+    ]
+    types = [kind if window is not None else "full_attention" for kind in qwen.layer_types]
+    return {"layer_types": types, "sliding_window": window if "sliding_attention" in types else None,
+            "causal_layers": causal}
 
 
 def _target_depth(raw_depth, ids: list[int], text_config, name: str) -> int:
@@ -230,18 +237,24 @@ def _target_depth(raw_depth, ids: list[int], text_config, name: str) -> int:
 
 
 def dflash_config_to_xpress(
-    raw: dict, *, target=None, allow_sliding_window: bool = False, name: str = "this dFlash checkpoint"
+    raw: dict, *, target=None, name: str = "this dFlash checkpoint"
 ) -> XPressDrafterConfig:
     """A z-lab `DFlashDraftModel` config dict -> `XPressDrafterConfig` (refiner None)."""
     dflash = raw.get("dflash_config") or {}
-    for key in UNSUPPORTED_DFLASH_FEATURES:
-        if dflash.get(key) or (key == "causal" and raw.get("is_causal")):
-            raise ConversionError(f"{name} sets dflash_config.{key}, which XPressDrafterModel does not implement.")
-    if dflash.get("pure_draft_prefix_len"):
+    if any("DFlash2" in a for a in raw.get("architectures") or []):
         raise ConversionError(
-            f"{name} sets dflash_config.pure_draft_prefix_len, which XPressDrafterModel does not implement."
+            f"{name} is a {raw['architectures']} checkpoint (dynamic convolutions and a candidate selector in the "
+            "drafter), which XPressDrafterModel does not implement."
         )
-    _check_full_attention(raw, name, allow_sliding_window)
+    for key in (*UNSUPPORTED_DFLASH_FEATURES, "pure_draft_prefix_len"):
+        if dflash.get(key):
+            raise ConversionError(f"{name} sets dflash_config.{key}, which XPressDrafterModel does not implement.")
+    for key, default in DFLASH_SCALINGS.items():
+        value = dflash.get(key, raw.get(key, default))
+        if value != default and not (default is None and not value):
+            raise ConversionError(
+                f"{name} sets {key}={value!r} (default {default!r}), which XPressDrafterModel does not implement."
+            )
     mask_token_id = dflash.get("mask_token_id", raw.get("mask_token_id"))
     if mask_token_id is None:
         raise ConversionError(f"{name} has no dflash_config.mask_token_id.")
@@ -290,12 +303,13 @@ def dflash_config_to_xpress(
         block_size=int(block_size),
         mask_token_id=int(mask_token_id),
         refiner=None,
+        **zlab_attention_layout(raw),
     )
 
 
 def muse_config_to_xpress(
     raw: dict, *, target=None, vocab_size: int | None = None, num_target_layers: int | None = None,
-    allow_sliding_window: bool = False, name: str = "this MuseGlimmerAssistant checkpoint",
+    name: str = "this MuseGlimmerAssistant checkpoint",
 ) -> XPressDrafterConfig:
     """A transformers `MuseGlimmerAssistantConfig` dict -> `XPressDrafterConfig` (refiner None).
 
@@ -304,9 +318,6 @@ def muse_config_to_xpress(
     from transformers import MuseGlimmerAssistantConfig
 
     config = MuseGlimmerAssistantConfig.from_dict({k: v for k, v in raw.items() if k != "auto_map"})
-    _check_full_attention(
-        {"layer_types": config.layer_types, "sliding_window": config.sliding_window}, name, allow_sliding_window
-    )
     text = _target_text_config(target)
     vocab = vocab_size or (text.vocab_size if text is not None else None)
     if vocab is None:
@@ -336,6 +347,10 @@ def muse_config_to_xpress(
         block_size=config.block_size,
         mask_token_id=config.mask_token_id,
         refiner=None,
+        # Its sliding layers attend bidirectionally to keys with |q_pos - k_pos| <= window (transformers'
+        # `sliding_window_bidirectional_overlay`), i.e. our `< window + 1`.
+        layer_types=list(config.layer_types),
+        sliding_window=config.sliding_window + 1 if "sliding_attention" in config.layer_types else None,
     )
 
 
@@ -382,7 +397,7 @@ def build_model(config: XPressDrafterConfig, state: dict[str, torch.Tensor], dty
 
 
 def load_dflash(
-    folder: str | os.PathLike, *, target=None, dtype=None, allow_sliding_window: bool = False
+    folder: str | os.PathLike, *, target=None, dtype=None
 ) -> XPressDrafterModel:
     """A z-lab dFlash folder (`DFlashDraftModel`) -> `XPressDrafterModel` with `refiner=None`, same weights."""
     folder = Path(folder)
@@ -392,7 +407,7 @@ def load_dflash(
             f"{folder} ships a separate mask_embedding.pt; XPressDrafterModel embeds the mask token with the target's "
             "embedding table and cannot use it."
         )
-    config = dflash_config_to_xpress(raw, target=target, allow_sliding_window=allow_sliding_window, name=str(folder))
+    config = dflash_config_to_xpress(raw, target=target, name=str(folder))
     state = read_state_dict(folder)
     if any(k.startswith(("embed_tokens", "lm_head")) for k in state):
         raise ConversionError(f"{folder} carries its own embed_tokens/lm_head; XPressDrafterModel uses the target's.")
@@ -401,14 +416,14 @@ def load_dflash(
 
 def load_muse_glimmer(
     folder: str | os.PathLike, *, target=None, vocab_size: int | None = None, num_target_layers: int | None = None,
-    dtype=None, allow_sliding_window: bool = False,
+    dtype=None,
 ) -> XPressDrafterModel:
     """A transformers `MuseGlimmerAssistantModel` folder -> `XPressDrafterModel` with `refiner=None`."""
     folder = Path(folder)
     raw = _read_config(folder)
     config = muse_config_to_xpress(
         raw, target=target, vocab_size=vocab_size, num_target_layers=num_target_layers,
-        allow_sliding_window=allow_sliding_window, name=str(folder),
+        name=str(folder),
     )
     renames = {"encoder.fc.": "fc.", "encoder.output_norm_enc.": "hidden_norm."}
     state = {}
@@ -624,6 +639,19 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _zlab_causal_field(config: XPressDrafterConfig) -> dict:
+    """`dflash_config.causal` for `config.causal_layers` (readers default to: causal = the sliding layers)."""
+    causal, every = config.causal_layers, list(range(config.num_hidden_layers))
+    if causal == config.sliding_layers:
+        return {}
+    if causal in ([], every):
+        return {"causal": causal == every}
+    raise ConversionError(
+        f"causal_layers {causal} can not be written in the dFlash layout: it has one `causal` switch for every layer, "
+        f"or makes exactly the sliding-window layers ({config.sliding_layers}) causal."
+    )
+
+
 def dflash_config_dict(config: XPressDrafterConfig, dtype: torch.dtype) -> dict:
     """The z-lab `DFlashDraftModel` config.json for `config` (what vLLM's `method="dflash"` reads)."""
     rope = dict(config.rope_parameters or {"rope_type": "default", "rope_theta": XPressDrafterConfig.default_theta})
@@ -641,14 +669,18 @@ def dflash_config_dict(config: XPressDrafterConfig, dtype: torch.dtype) -> dict:
         "bos_token_id": config.bos_token_id,
         "eos_token_id": config.eos_token_id,
         "pad_token_id": config.pad_token_id,
-        "dflash_config": {"mask_token_id": int(config.mask_token_id), "target_layer_ids": list(config.target_layer_ids)},
+        "dflash_config": {
+            "mask_token_id": int(config.mask_token_id),
+            "target_layer_ids": list(config.target_layer_ids),
+            **_zlab_causal_field(config),
+        },
         "dtype": _dtype_name(dtype),
         "head_dim": int(config.head_dim),
         "hidden_act": config.hidden_act,
         "hidden_size": int(config.hidden_size),
         "initializer_range": float(config.initializer_range),
         "intermediate_size": int(config.intermediate_size),
-        "layer_types": ["full_attention"] * config.num_hidden_layers,
+        "layer_types": list(config.layer_types),
         "max_position_embeddings": int(config.max_position_embeddings),
         "max_window_layers": int(config.num_hidden_layers),
         "num_attention_heads": int(config.num_attention_heads),
@@ -659,11 +691,11 @@ def dflash_config_dict(config: XPressDrafterConfig, dtype: torch.dtype) -> dict:
         "rope_parameters": rope,
         "rope_scaling": rope_scaling,
         "rope_theta": rope.get("rope_theta", XPressDrafterConfig.default_theta),
-        "sliding_window": None,
+        "sliding_window": config.sliding_window if config.sliding_layers else None,
         "tie_word_embeddings": False,
         "transformers_version": transformers.__version__,
         "use_cache": True,
-        "use_sliding_window": False,
+        "use_sliding_window": bool(config.sliding_layers),
         "vocab_size": int(config.vocab_size),
         # Not read by vLLM; lets `load_vllm` restore the hf-xpress fields the dFlash layout has no place for.
         "hf_xpress": {
@@ -801,7 +833,6 @@ def load_checkpoint(
     dtype=None,
     jacobi_passes: int | None = None,
     use_cotrained_drafter: bool = True,
-    allow_sliding_window: bool = False,
     strict: bool = True,
 ) -> XPressDrafterModel:
     """Any supported checkpoint -> `XPressDrafterModel`.
@@ -823,11 +854,11 @@ def load_checkpoint(
         if isinstance(source, XPressDrafterModel):
             drafter = source
         else:
-            drafter = load_checkpoint(source, target=target, dtype=dtype, allow_sliding_window=allow_sliding_window)
+            drafter = load_checkpoint(source, target=target, dtype=dtype)
     elif fmt == "dflash":
-        drafter = load_dflash(source, target=target, dtype=dtype, allow_sliding_window=allow_sliding_window)
+        drafter = load_dflash(source, target=target, dtype=dtype)
     elif fmt == "muse_glimmer":
-        drafter = load_muse_glimmer(source, target=target, dtype=dtype, allow_sliding_window=allow_sliding_window)
+        drafter = load_muse_glimmer(source, target=target, dtype=dtype)
     elif fmt in ("vllm_xpress", "vllm_dspark"):
         drafter = load_vllm(source, target=target, dtype=dtype)
     else:  # our own folders
@@ -871,9 +902,6 @@ def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
         "--base-drafter-weights", action="store_true",
         help="keep the base drafter's weights even if the .pt ships a co-trained drafter",
     )
-    parser.add_argument(
-        "--allow-sliding-window", action="store_true", help="convert sliding-window layers to full attention"
-    )
     parser.add_argument("--no-strict", action="store_true", help="ignore unknown refiner tensors instead of refusing")
 
 
@@ -886,7 +914,6 @@ def _load_from_args(args) -> XPressDrafterModel:
         dtype=args.dtype,
         jacobi_passes=args.passes,
         use_cotrained_drafter=not args.base_drafter_weights,
-        allow_sliding_window=args.allow_sliding_window,
         strict=not args.no_strict,
     )
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList
+from transformers.cache_utils import DFlashCache
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
 from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
@@ -113,6 +114,9 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             # The user asked for every hidden state: keep them all (a layer subset would break `_split_model_outputs`).
             self.model_kwargs_overrides = {"output_hidden_states": True}
         self.config: XPressDrafterConfig = assistant_model.config
+        # The parent sizes the cache from the config: sliding-window layers would keep only the last keys. Ours keeps
+        # the whole context in every layer (a few drafter layers: small), and the drafter's masks apply the window.
+        self.cache = DFlashCache()
         self.context_length = 0  # target tokens whose features are in the drafter's cache
         self.mask_embeds: torch.Tensor | None = None
         self.stats = XPressStats(block_size=self.block_size)

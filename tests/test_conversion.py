@@ -19,6 +19,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
+from transformers.cache_utils import DFlashCache
+
 from hf_xpress import XPressDrafterModel
 from hf_xpress import conversion as cv
 
@@ -182,8 +184,25 @@ def rope(x, positions, theta):
     return x * cos + rotated * sin
 
 
-def reference_hidden(w, features, block, theta=THETA, fc="fc.weight", hidden_norm="hidden_norm.weight"):
-    """dFlash drafter: queries from the block, keys/values from cat(context, block), no mask. Returns `[1, q, H]`."""
+def zlab_visible(layer_types, window, causal):
+    """z-lab's dflash/model.py `_attention_mask` per layer: returns visible(layer, q_pos, k_pos) -> bool matrix."""
+
+    def visible(i, qp, kp):
+        ok = torch.ones(len(qp), len(kp), dtype=torch.bool)
+        if i in causal:
+            ok &= kp[None] <= qp[:, None]
+        if layer_types[i] == "sliding_attention":
+            ok &= qp[:, None] - kp[None] < window
+            if i not in causal:
+                ok &= kp[None] - qp[:, None] < window
+        return ok
+
+    return visible
+
+
+def reference_hidden(w, features, block, theta=THETA, fc="fc.weight", hidden_norm="hidden_norm.weight", visible=None):
+    """dFlash drafter: queries from the block, keys/values from cat(context, block); no mask unless `visible`
+    (a per-layer rule on absolute positions, see `zlab_visible`). Returns `[1, q, H]`."""
     ctx = rms(features @ w[fc].T, w[hidden_norm])
     c, q = ctx.shape[1], block.shape[1]
     pos = torch.arange(c + q)
@@ -198,7 +217,10 @@ def reference_hidden(w, features, block, theta=THETA, fc="fc.weight", hidden_nor
         Q = rope(Q.transpose(1, 2), pos[c:], theta)
         K = rope(K.transpose(1, 2), pos, theta)
         K, Vv = K.repeat_interleave(HEADS // KV, 1), Vv.repeat_interleave(HEADS // KV, 1)
-        att = torch.softmax(Q @ K.transpose(-1, -2) / math.sqrt(HD), -1)
+        scores = Q @ K.transpose(-1, -2) / math.sqrt(HD)
+        if visible is not None:
+            scores = scores.masked_fill(~visible(i, pos[c:], pos), float("-inf"))
+        att = torch.softmax(scores, -1)
         h = h + (att @ Vv).transpose(1, 2).reshape(1, q, HEADS * HD) @ w[p + "self_attn.o_proj.weight"].T
         x = rms(h, w[p + "post_attention_layernorm.weight"])
         gate, up, down = (w[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))
@@ -256,10 +278,14 @@ def close(actual, expected, tol=1e-5):
     torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
 
 
-def reference_muse(state, features, block):
-    """The same forward read from MuseGlimmerAssistantModel's names (its context projection is `encoder.*`)."""
+def reference_muse(state, features, block, window=None):
+    """The same forward read from MuseGlimmerAssistantModel's names (its context projection is `encoder.*`).
+
+    `window`: its sliding layers' rule, transformers' `sliding_window_bidirectional_overlay`: |q - k| <= window."""
+    visible = None if window is None else (lambda i, qp, kp: (qp[:, None] - kp[None]).abs() <= window)
     return reference_hidden(
-        state, features, block, 500_000.0, fc="encoder.fc.weight", hidden_norm="encoder.output_norm_enc.weight"
+        state, features, block, 500_000.0, fc="encoder.fc.weight", hidden_norm="encoder.output_norm_enc.weight",
+        visible=visible,
     )
 
 
@@ -376,13 +402,13 @@ def test_official_markov_pt_attaches_and_decodes_left_to_right(tmp_path, target,
 # ---- transformers' MuseGlimmerAssistantModel -----------------------------------------------------------------------
 
 
-def write_muse(folder: Path, layer_types="full_attention", seed=11):
+def write_muse(folder: Path, layer_types="full_attention", seed=11, window=32):
     from transformers import MuseGlimmerAssistantConfig, MuseGlimmerAssistantModel
 
     torch.manual_seed(seed)
     config = MuseGlimmerAssistantConfig(
         hidden_size=H, intermediate_size=INTER, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-        num_key_value_heads=KV, head_dim=HD, rms_norm_eps=EPS, max_position_embeddings=512, sliding_window=32,
+        num_key_value_heads=KV, head_dim=HD, rms_norm_eps=EPS, max_position_embeddings=512, sliding_window=window,
         layer_types=[layer_types] * LAYERS, target_layer_ids=IDS, block_size=B, mask_token_id=MASK,
         bos_token_id=None, eos_token_id=None, pad_token_id=None,
         rope_parameters={"rope_type": "default", "rope_theta": 500_000.0},
@@ -413,19 +439,99 @@ def test_muse_glimmer_assistant_folder_converts_to_the_same_logits(tmp_path, tar
     torch.testing.assert_close(native, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_sliding_window_layers_are_refused_unless_allowed(tmp_path, target):
+@pytest.mark.parametrize(
+    "overrides, causal",
+    [
+        # newer z-lab drafters: explicit layer types; their sliding layers are causal within the block
+        ({"layer_types": ["sliding_attention", "full_attention"], "use_sliding_window": True}, [0]),
+        # dflash_config.causal switches every layer (vLLM reads the same key)
+        ({"layer_types": ["sliding_attention", "full_attention"], "use_sliding_window": True,
+          "dflash_config": {"mask_token_id": MASK, "target_layer_ids": IDS, "causal": True}}, [0, 1]),
+        # a top-level is_causal=False keeps the sliding layer bidirectional (window on both sides)
+        ({"layer_types": ["full_attention", "sliding_attention"], "use_sliding_window": True, "is_causal": False}, []),
+        # no layer_types: Qwen3Config's use_sliding_window + max_window_layers rule (layers >= 1 slide)
+        ({"layer_types": None, "use_sliding_window": True, "max_window_layers": 1}, [1]),
+    ],
+)
+def test_zlab_sliding_window_and_causal_layers_convert_exactly(tmp_path, target, overrides, causal):
+    window = 8  # smaller than the context: the window and the causal block both change the result
+    folder = write_zlab(tmp_path / "zlab-swa", sliding_window=window, **overrides)
+    drafter = cv.load_dflash(folder)
+    c = drafter.config
+    types = overrides["layer_types"] or ["full_attention", "sliding_attention"]
+    assert (c.layer_types, c.sliding_window, c.causal_layers) == (types, window, causal)
+    features, block, _ = inputs(target, context_len=30)
+    expected = reference_hidden(zlab_weights(0), features, block, visible=zlab_visible(types, window, causal))
+    close(ours(drafter, features, block), expected)
+    # the layout matters: the same weights with full bidirectional attention compute something else
+    assert not torch.allclose(reference_hidden(zlab_weights(0), features, block), expected, atol=1e-3)
+    # drafting through the context cache, one chunk at a time (as generate() does), gives the same block
+    with torch.no_grad():
+        cache = DFlashCache()
+        drafter(noise_embeds=block, context_hidden_states=features[:, :13], cache=cache)  # an earlier round
+        cache.crop(-B)  # its block keys/values are dropped; the context stays
+        positions = torch.arange(13, 30 + B)[None]
+        split = drafter(noise_embeds=block, context_hidden_states=features[:, 13:], position_ids=positions, cache=cache)
+    close(split.last_hidden_state, expected)
+
+
+def test_muse_glimmer_sliding_window_matches_transformers(tmp_path, target):
+    """transformers' default MuseGlimmerAssistant layers are sliding-window; checked against its own model, run the
+    way its generate() runs it (a DFlashCache told how many context rows come), with a context beyond the window."""
+    from transformers.cache_utils import DFlashCache as NativeCache
+
+    window = 8
     folder = tmp_path / "muse-swa"
-    write_muse(folder, layer_types="sliding_attention")  # transformers' default for this model
-    with pytest.raises(cv.ConversionError, match="sliding-window attention"):
-        cv.load_checkpoint(folder, target=target.config)
-    drafter = cv.load_checkpoint(folder, target=target.config, allow_sliding_window=True)
-    features, block, _ = inputs(target, context_len=9)  # 9 + 16 <= window 32: the same computation
+    muse = write_muse(folder, layer_types="sliding_attention", window=window)
+    drafter = cv.load_checkpoint(folder, target=target.config)
+    assert drafter.config.layer_types == ["sliding_attention"] * LAYERS and drafter.config.causal_layers == []
+    features, block, _ = inputs(target, context_len=30)
     state = load_file(folder / "model.safetensors")
-    close(ours(drafter, features, block), reference_muse(state, features, block))
-    sliding = ["sliding_attention"] * LAYERS
-    zlab = write_zlab(tmp_path / "zlab-swa", use_sliding_window=True, sliding_window=64, layer_types=sliding)
-    with pytest.raises(cv.ConversionError, match="sliding-window"):
-        cv.load_dflash(zlab)
+    expected = reference_muse(state, features, block, window=window)
+    close(ours(drafter, features, block), expected)
+    cache = NativeCache(config=muse.config)
+    cache.set_previous_accepted_tokens(features.shape[1])
+    with torch.no_grad():
+        native = muse(noise_embeds=block, context_hidden_states=features, cache=cache, use_cache=True).last_hidden_state
+    close(native, expected)
+    assert not torch.allclose(reference_muse(state, features, block), expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("causal", [None, True, False])
+def test_sliding_window_layout_survives_the_vllm_export(tmp_path, target, causal):
+    dflash = {"mask_token_id": MASK, "target_layer_ids": IDS} | ({} if causal is None else {"causal": causal})
+    types = ["sliding_attention", "full_attention"]
+    folder = write_zlab(tmp_path / "zlab", layer_types=types, use_sliding_window=True, sliding_window=8, dflash_config=dflash)
+    drafter = cv.load_dflash(folder)
+    cv.export_vllm(drafter, tmp_path / "vllm")
+    cfg = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert (cfg["layer_types"], cfg["sliding_window"], cfg["use_sliding_window"]) == (types, 8, True)
+    assert cfg["dflash_config"].get("causal") == causal  # absent: readers make the sliding layers causal
+    back = cv.load_checkpoint(tmp_path / "vllm")
+    fields = ("layer_types", "sliding_window", "causal_layers")
+    assert [getattr(back.config, f) for f in fields] == [getattr(drafter.config, f) for f in fields]
+    features, block, _ = inputs(target, context_len=30)
+    close(ours(back, features, block), ours(drafter, features, block), tol=0)
+    # a mix the dFlash layout cannot say (one switch for all layers, or "the sliding ones") is refused
+    drafter.config.causal_layers = [1]
+    with pytest.raises(cv.ConversionError, match="causal_layers"):
+        cv.export_vllm(drafter, tmp_path / "vllm-mixed")
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"architectures": ["DFlash2DraftModel"]}, "DFlash2DraftModel"),
+        ({"dflash_config": {"mask_token_id": MASK, "target_layer_ids": IDS, "use_swa": True}}, "use_swa"),
+        ({"dflash_config": {"mask_token_id": MASK, "target_layer_ids": IDS, "conv_kernel_size": 4}}, "conv_kernel_size"),
+        ({"dflash_config": {"mask_token_id": MASK, "target_layer_ids": IDS, "input_embedding_scale": 8.0}},
+         "input_embedding_scale=8.0"),
+        ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+    ],
+)
+def test_zlab_features_we_do_not_implement_are_refused(tmp_path, overrides, message):
+    with pytest.raises(cv.ConversionError, match=message):
+        cv.load_dflash(write_zlab(tmp_path / "zlab-x", **overrides))
 
 
 # ---- vLLM export ---------------------------------------------------------------------------------------------------
@@ -634,9 +740,9 @@ def test_foreign_and_corrupt_folders_are_refused(tmp_path, target):
     (broken / "config.json").write_text("{ not json")
     with pytest.raises(cv.ConversionError, match="not valid JSON"):
         cv.load_dflash(broken)
-    causal = write_zlab(tmp_path / "causal", dflash_config={"mask_token_id": MASK, "target_layer_ids": IDS, "causal": True})
-    with pytest.raises(cv.ConversionError, match="causal"):
-        cv.load_dflash(causal)
+    sinks = write_zlab(tmp_path / "sinks", dflash_config={"mask_token_id": MASK, "target_layer_ids": IDS, "attention_sink_bias": True})
+    with pytest.raises(cv.ConversionError, match="attention_sink_bias"):
+        cv.load_dflash(sinks)
     # our loader converts a dFlash folder itself, and points the way for anything else
     assert XPressDrafterModel.from_pretrained(write_zlab(tmp_path / "zlab")).config.refiner is None
     with pytest.raises(ValueError, match="not an xPress drafter checkpoint .*use `hf_xpress.conversion`"):

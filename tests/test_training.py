@@ -125,6 +125,28 @@ def test_packed_blocks_see_no_future_context_and_no_other_block():
     assert packed.blocks.gold[0, 0].item() == tok[a + 1].item()
 
 
+@pytest.mark.parametrize("layout", [{}, {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6,
+                                        "causal_layers": [0]}])
+def test_each_packed_block_computes_what_inference_computes(layout):
+    """One packed forward over many blocks gives, for every block, the drafter's inference forward on the context
+    before its anchor (also with sliding-window and block-causal layers, e.g. a converted z-lab drafter)."""
+    target = tiny_llama()
+    drafter = XPressDrafterModel.from_target(target, refiner=None, num_hidden_layers=2, mask_token_id=V - 1,
+                                             **layout).eval()
+    L = 40
+    tok = torch.randint(3, V - 1, (L,))
+    feats, finals = torch.randn(L, 2 * 64), torch.randn(L, 64)
+    packed = T.pack_blocks(drafter, target.get_input_embeddings(), target.get_output_embeddings(), [(tok, tok.clone(), 2)],
+                           [feats], [finals], anchors_per_seq=4, generator=torch.Generator().manual_seed(0))
+    anchors = packed.position_ids[0, L::16].tolist()
+    with torch.no_grad():
+        h, _ = T.drafter_outputs(drafter, target.get_output_embeddings(), packed)
+        for i, a in enumerate(anchors):
+            block = packed.noise_embeds[:, i * 16 : (i + 1) * 16]
+            alone = drafter(block, feats[None, :a]).last_hidden_state[0]
+            torch.testing.assert_close(h[i], alone, atol=1e-5, rtol=1e-5)
+
+
 def test_consistency_rounds_feed_back_argmax(monkeypatch):
     target = tiny_llama()
     drafter = XPressDrafterModel.from_target(target, refiner="xpress", num_hidden_layers=1, mask_token_id=V - 1,

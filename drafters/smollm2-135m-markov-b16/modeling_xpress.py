@@ -4,6 +4,8 @@ Read top to bottom:
 
 1. `XPressAttention` / `XPressDecoderLayer`: Qwen3-type layers whose keys/values are `cat(context, block)`. The
    block (anchor + B-1 masks) attends to all of the context and bidirectionally within itself; no causal mask.
+   (Converted checkpoints may also have sliding-window and block-causal layers: `config.layer_types`,
+   `config.causal_layers`.)
 2. `XPressRefiner` (xPress: Fuse / Mix / Trans / Read) and `XPressMarkovHead` (DSpark's sequential bigram bias).
 3. `XPressDrafterModel`: the fused target context (`fc` -> `hidden_norm`), the layers, the final `norm`, the
    refiner, and `propose()`, which turns one drafter forward into B-1 draft tokens and their logits (seed,
@@ -63,6 +65,9 @@ class XPressAttention(nn.Module):
         self.scaling = self.head_dim**-0.5
         self.attention_dropout = config.attention_dropout
         self.is_causal = False
+        # Layouts of converted checkpoints (the dFlash default: neither): a window on |q_pos - k_pos|, a causal block.
+        self.sliding_window = config.sliding_window if config.layer_types[layer_idx] == "sliding_attention" else None
+        self.causal_block = layer_idx in config.causal_layers
         bias = config.attention_bias
         self.q_proj = nn.Linear(config.hidden_size, config.num_attention_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, config.num_key_value_heads * self.head_dim, bias=bias)
@@ -78,10 +83,12 @@ class XPressAttention(nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
+        position_ids: torch.LongTensor | None = None,
     ) -> torch.Tensor:
         """hidden_states: `[b, q, H]` (the block); context: `[b, c, H]` new context rows, or None.
 
-        `position_embeddings` cover the `c + q` new positions. Returns `[b, q, H]`.
+        `position_embeddings` cover the `c + q` new positions (`position_ids`, needed by sliding-window and causal
+        layers). Returns `[b, q, H]`.
         """
         b, q, _ = hidden_states.shape
         kv_input = hidden_states if context is None else torch.cat([context, hidden_states], dim=1)
@@ -94,6 +101,8 @@ class XPressAttention(nn.Module):
         key = key * cos + rotate_half(key) * sin
         if cache is not None:
             key, value = cache.update(key, value, self.layer_idx)
+        if self.sliding_window is not None or self.causal_block:
+            attention_mask = self._layout_mask(attention_mask, position_ids, key.shape[-2], q, query.dtype)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -108,6 +117,31 @@ class XPressAttention(nn.Module):
             scaling=self.scaling,
         )
         return self.o_proj(out.reshape(b, q, -1).contiguous())
+
+
+    def _layout_mask(
+        self, attention_mask: torch.Tensor | None, position_ids: torch.LongTensor, kv: int, q: int, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """`attention_mask` (additive, over the last `kv` keys or more) with this layer's window / causal block.
+
+        The new rows sit at `position_ids` `[b, c + q]`; the `kv - c - q` keys before them come from the cache and are
+        the context rows just before the first new row (a sliding-window cache layer may keep only the last ones).
+        """
+        cached = kv - position_ids.shape[-1]
+        keys = position_ids
+        if cached:
+            before = position_ids[:, :1] - cached + torch.arange(cached, device=keys.device)
+            keys = torch.cat([before, keys], dim=1)
+        distance = position_ids[:, None, -q:, None] - keys[:, None, None, :]  # q_pos - k_pos, [b, 1, q, kv]
+        visible = torch.ones_like(distance, dtype=torch.bool)
+        if self.causal_block:
+            visible &= distance >= 0
+        if self.sliding_window is not None:
+            visible &= distance < self.sliding_window
+            if not self.causal_block:
+                visible &= -distance < self.sliding_window
+        bias = torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(~visible, torch.finfo(dtype).min)
+        return bias if attention_mask is None else torch.where(visible, attention_mask[..., -kv:], bias)
 
 
 class XPressDecoderLayer(nn.Module):
@@ -127,10 +161,11 @@ class XPressDecoderLayer(nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
+        position_ids: torch.LongTensor | None = None,
     ) -> torch.Tensor:
         residual = hidden_states
         hidden_states = self.self_attn(
-            self.input_layernorm(hidden_states), context, position_embeddings, attention_mask, cache
+            self.input_layernorm(hidden_states), context, position_embeddings, attention_mask, cache, position_ids
         )
         hidden_states = residual + hidden_states
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
@@ -477,7 +512,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
         hidden_states = noise_embeds.to(self.fc.weight.dtype)
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
         for layer in self.layers:
-            hidden_states = layer(hidden_states, context, position_embeddings, mask, cache)
+            hidden_states = layer(hidden_states, context, position_embeddings, mask, cache, position_ids)
         return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), cache=cache)
 
     # ---- drafting -------------------------------------------------------------------------------------------------

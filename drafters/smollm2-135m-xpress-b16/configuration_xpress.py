@@ -9,6 +9,7 @@ from transformers import PreTrainedConfig
 
 
 REFINERS = ("xpress", "markov", None)
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -52,6 +53,14 @@ class XPressDrafterConfig(PreTrainedConfig):
             still lossless (tokens are exact samples of the returned logits). None (default): the full vocabulary,
             as in the paper. Applies when no logits processor is active.
         target_model_type (`str`, *optional*): `model_type` of the target, recorded for error messages.
+        layer_types (`list[str]`, *optional*): per drafter layer, `"full_attention"` (the whole context, as in the
+            dFlash paper; the default) or `"sliding_attention"`: a block token at position p sees a key at position k
+            only if `p - k < sliding_window` (and, in a bidirectional layer, `k - p < sliding_window`), the
+            convention of transformers' causal sliding-window masks and of z-lab's drafters.
+        sliding_window (`int`, *optional*): the window of the `"sliding_attention"` layers.
+        causal_layers (`list[int]`, *optional*): drafter layers (0-based) whose block attends causally (slot k sees
+            the context and block slots <= k) instead of bidirectionally. Newer z-lab drafters make their
+            sliding-window layers causal. Default: none.
     """
 
     model_type = "xpress_drafter"
@@ -73,6 +82,8 @@ class XPressDrafterConfig(PreTrainedConfig):
     attention_bias: bool = False
     attention_dropout: float | int = 0.0
     layer_types: list[str] | None = None
+    sliding_window: int | None = None
+    causal_layers: list[int] | None = None
     tie_word_embeddings: bool = False
 
     target_hidden_size: int | None = None
@@ -100,6 +111,7 @@ class XPressDrafterConfig(PreTrainedConfig):
         self.target_layer_ids = [int(i) for i in self.target_layer_ids]
         if self.layer_types is None:
             self.layer_types = ["full_attention"] * self.num_hidden_layers
+        self.causal_layers = sorted(int(i) for i in self.causal_layers or [])
         super().__post_init__(**kwargs)
         self.validate_xpress()
 
@@ -135,11 +147,31 @@ class XPressDrafterConfig(PreTrainedConfig):
             )
         if self.refiner_rank < 1 or self.refiner_mlp_ratio < 1:
             raise ValueError("XPressDrafterConfig: refiner_rank and refiner_mlp_ratio must be positive.")
+        if len(self.layer_types) != self.num_hidden_layers or set(self.layer_types) - set(LAYER_TYPES):
+            raise ValueError(
+                f"XPressDrafterConfig: layer_types must give one of {LAYER_TYPES} for each of the "
+                f"{self.num_hidden_layers} layers, got {self.layer_types}."
+            )
+        if "sliding_attention" in self.layer_types and (self.sliding_window is None or self.sliding_window < 1):
+            raise ValueError(
+                f"XPressDrafterConfig: layers {self.sliding_layers} use sliding_attention, so sliding_window must be a "
+                f"positive number of tokens, got {self.sliding_window}."
+            )
+        bad = [i for i in self.causal_layers if not 0 <= i < self.num_hidden_layers]
+        if bad:
+            raise ValueError(
+                f"XPressDrafterConfig: causal_layers {bad} are outside the drafter's {self.num_hidden_layers} layers."
+            )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"XPressDrafterConfig: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})."
             )
+
+    @property
+    def sliding_layers(self) -> list[int]:
+        """Indices of the drafter layers with sliding-window attention."""
+        return [i for i, t in enumerate(self.layer_types) if t == "sliding_attention"]
 
     @property
     def num_drafts(self) -> int:

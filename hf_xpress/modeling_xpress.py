@@ -276,20 +276,34 @@ class XPressRefiner(nn.Module):
         lead_tokens: torch.LongTensor,
         noise: torch.Tensor,
         passes: int,
+        candidates: torch.LongTensor | None = None,
     ) -> tuple[torch.LongTensor, torch.Tensor]:
         """Exactly `passes` Jacobi passes with static shapes, no host syncs and no data-dependent control flow, so
-        the whole loop can be captured in a CUDA graph (`torch.compile(..., mode="reduce-overhead")`).
+        the whole loop can be compiled (`torch.compile`) and captured in a CUDA graph (`mode="reduce-overhead"`).
 
         hidden_part `[N, B, r]`, base_logits `[N, B-1, V]` float32, lead_tokens `[N, 2]`, noise `[N, B-1, V]`
-        (zeros for greedy). Returns tokens `[N, B-1]` and their logits `[N, B-1, V]`.
+        (zeros for greedy); candidates `[N, B-1, M]`: score only this shortlist (`refiner_shortlist`). Returns
+        tokens `[N, B-1]` and their logits `[N, B-1, V]` (-inf outside the shortlist).
         """
-        logits = base_logits
-        tokens = (logits + noise).argmax(dim=-1)
+        mixer = self.mix.folded()
+        if candidates is None:
+            logits = base_logits
+            tokens = (logits + noise).argmax(dim=-1)
+            for _ in range(passes):
+                prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)
+                logits = base_logits + self.delta(hidden_part, prev, 1, mixer).float()
+                tokens = (logits + noise).argmax(dim=-1)
+            return tokens, logits
+        base = base_logits.gather(-1, candidates)
+        cand_noise = noise.gather(-1, candidates)
+        rows = self.w2.weight[candidates]
+        scores = base
+        tokens = candidates.gather(-1, (scores + cand_noise).argmax(-1, keepdim=True))[..., 0]
         for _ in range(passes):
             prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)
-            logits = base_logits + self.delta(hidden_part, prev).float()
-            tokens = (logits + noise).argmax(dim=-1)
-        return tokens, logits
+            scores = base + self.delta_shortlist(hidden_part, prev, rows, 1, mixer).float()
+            tokens = candidates.gather(-1, (scores + cand_noise).argmax(-1, keepdim=True))[..., 0]
+        return tokens, torch.full_like(base_logits, float("-inf")).scatter(-1, candidates, scores)
 
 
 class XPressMarkovHead(nn.Module):
@@ -564,20 +578,20 @@ class XPressDrafterModel(XPressPreTrainedModel):
             return DraftProposal(pick(logits, 0), logits, 0)
 
         hidden_part = self.refiner.hidden_part(hidden)  # once per block, like the folded mixer below
+        # What one pass scores: every token (the paper), or a per-slot shortlist of the drafter's top-M tokens.
+        shortlist = self.config.refiner_shortlist if logits_hook is None else None
+        candidates = None if shortlist is None else logits.topk(min(shortlist, logits.shape[-1]), dim=-1).indices
         if not early_stop and self._fast_refine is not None and logits_hook is None:
             zeros = torch.zeros_like(base_logits) if noise is None else noise
-            tokens, logits = self._fast_refine(hidden_part, base_logits, lead_tokens, zeros, passes)
+            tokens, logits = self._fast_refine(hidden_part, base_logits, lead_tokens, zeros, passes, candidates)
             return DraftProposal(tokens.clone(), logits.clone(), passes)  # clone: graph outputs are reused buffers
 
         mixer = self.refiner.mix.folded()
-        # What one pass scores: every token (the paper), or a per-slot shortlist of the drafter's top-M tokens.
-        shortlist = self.config.refiner_shortlist if logits_hook is None else None
-        if shortlist is None:
+        if candidates is None:
             base = base_logits
             bias = lambda prev, start: self.refiner.delta(hidden_part, prev, start + 1, mixer)  # noqa: E731
             choose, seed_scores = pick, logits
         else:
-            candidates = logits.topk(min(shortlist, logits.shape[-1]), dim=-1).indices  # [1, B-1, M]
             base = seed_scores = base_logits.gather(-1, candidates)
             cand_noise = None if noise is None else noise.gather(-1, candidates)
             rows = self.refiner.w2.weight[candidates]  # [1, B-1, M, r], gathered once per block

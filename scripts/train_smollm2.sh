@@ -6,6 +6,8 @@
 #   bash scripts/train_smollm2.sh train     # the three runs, in parallel, 1 thread each
 #   bash scripts/train_smollm2.sh ship      # measure tau, copy the best checkpoints to drafters/, write the cards
 #   bash scripts/train_smollm2.sh lora      # part 5: LoRA-attach xPress to the dFlash drafter
+#   bash scripts/train_smollm2.sh continue  # second run: all data labelled, each drafter continues from its first run
+#   bash scripts/train_smollm2.sh ship2     # measure and ship the second run's drafters
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -48,6 +50,31 @@ case "${1:-all}" in
     python -m hf_xpress.training ship --run runs/smollm2-none --out drafters/smollm2-135m-dflash-b16 "${TAUS[@]}"
     python -m hf_xpress.training ship --run runs/smollm2-markov --out drafters/smollm2-135m-markov-b16 "${TAUS[@]}"
     python -m hf_xpress.training ship --run runs/smollm2-xpress --out drafters/smollm2-135m-xpress-b16 "${TAUS[@]}"
+    ;;
+  continue)
+    # Second run: the whole data set labelled (1,836 sequences); each drafter starts from its first run's final
+    # weights and gets the same extra budget: CONTINUE_STEPS steps on a new cosine schedule (lr 6e-4), stopped and
+    # checkpointed at MAX_SECONDS if given (re-run to resume).
+    mkdir -p runs
+    for refiner in none markov xpress; do
+      hf-xpress train "${COMMON[@]}" --refiner "$refiner" --init-drafter "runs/smollm2-$refiner/final" --lr 6e-4 \
+        --max-steps "${CONTINUE_STEPS:-1000}" ${MAX_SECONDS:+--max-seconds $MAX_SECONDS} \
+        --out "runs/smollm2-$refiner-2" > "runs/smollm2-$refiner-2.log" 2>&1 &
+    done
+    wait
+    ;;
+  ship2)
+    REF=results/training/greedy-reference.json
+    for refiner in none markov xpress; do
+      python -m hf_xpress.training tau --drafter "runs/smollm2-$refiner-2/best" --reference "$REF" \
+        --sets humaneval,mtbench,math500 --limit 6 --threads 1 --out "results/training/tau-$refiner-2.json" &
+    done
+    wait
+    TAUS=(--tau "dFlash=results/training/tau-none-2.json" --tau "+ Markov=results/training/tau-markov-2.json"
+          --tau "+ xPress=results/training/tau-xpress-2.json")
+    python -m hf_xpress.training ship --run runs/smollm2-none-2 --out drafters/smollm2-135m-dflash-b16 "${TAUS[@]}"
+    python -m hf_xpress.training ship --run runs/smollm2-markov-2 --out drafters/smollm2-135m-markov-b16 "${TAUS[@]}"
+    python -m hf_xpress.training ship --run runs/smollm2-xpress-2 --out drafters/smollm2-135m-xpress-b16 "${TAUS[@]}"
     ;;
   lora)
     # Part 5: attach xPress to the trained dFlash drafter (LoRA r=16 on its layers and fc, refiner trained fully).

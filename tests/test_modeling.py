@@ -210,23 +210,45 @@ def test_context_of_the_wrong_width_is_a_clear_error(target):
 # ---- graph-friendly fast path (issue: GPU latency) --------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("shortlist", [None, 5])
 @pytest.mark.parametrize("sample", [False, True])
-def test_fixed_pass_refinement_compiles_without_graph_breaks_and_matches_the_eager_loop(sample):
+def test_fixed_pass_refinement_compiles_without_graph_breaks_and_matches_the_eager_loop(sample, shortlist):
     torch.manual_seed(9)
-    drafter = tiny_drafter(tiny_target("qwen3"))
+    drafter = tiny_drafter(tiny_target("qwen3"), refiner_shortlist=shortlist)
     hidden = torch.randn(1, B, 64)
     base_logits = torch.randn(1, B - 1, 128) * 2
     lead = torch.randint(0, 128, (1, 2))
     noise = -torch.log(-torch.log(torch.rand(1, B - 1, 128))) if sample else None
     for passes in (1, 4, 6):
         eager = drafter.propose(hidden, base_logits, lead, passes=passes, early_stop=False, noise=noise)
+        early = drafter.propose(hidden, base_logits, lead, passes=passes, early_stop=True, noise=noise)
         drafter.enable_fast_refine(mode=None, backend="aot_eager")  # fullgraph=True: a graph break is an error
         try:
             fast = drafter.propose(hidden, base_logits, lead, passes=passes, early_stop=False, noise=noise)
         finally:
             drafter.disable_fast_refine()
-        assert torch.equal(eager.tokens, fast.tokens)
+        assert torch.equal(eager.tokens, fast.tokens) and torch.equal(eager.tokens, early.tokens)
         torch.testing.assert_close(eager.logits, fast.logits)
+        torch.testing.assert_close(eager.logits, early.logits)
+        if shortlist:  # -inf outside each slot's shortlist, and the drafts inside it
+            assert int(torch.isfinite(fast.logits).sum(-1).max()) == shortlist
+
+
+def test_fast_refine_with_inductor_on_cpu():
+    """The real compiler (C++ kernels on CPU): same drafts as the eager loop, full vocabulary and shortlist."""
+    torch.manual_seed(9)
+    drafter = tiny_drafter(tiny_target("qwen3"))
+    hidden, base_logits, lead = torch.randn(1, B, 64), torch.randn(1, B - 1, 128) * 2, torch.randint(0, 128, (1, 2))
+    for shortlist in (None, 5):
+        drafter.config.refiner_shortlist = shortlist
+        eager = drafter.propose(hidden, base_logits, lead, passes=4, early_stop=False)
+        drafter.enable_fast_refine(mode=None)
+        try:
+            fast = drafter.propose(hidden, base_logits, lead, passes=4, early_stop=False)
+        finally:
+            drafter.disable_fast_refine()
+        assert torch.equal(eager.tokens, fast.tokens)
+        torch.testing.assert_close(eager.logits, fast.logits, rtol=1e-4, atol=1e-4)
 
 
 def test_fast_refine_needs_an_xpress_refiner():

@@ -189,9 +189,10 @@ class XPressCausalMixer(nn.Module):
         eye = torch.eye(self.tril.shape[0], dtype=self.L.dtype, device=self.L.device)
         return self.L * self.tril.to(self.L.dtype) + eye
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: `[N, B, r]` -> `[N, B, r]`."""
-        mixed = torch.bmm(self.folded(), x.permute(2, 1, 0).contiguous())  # [r, B, N]; contiguous: faster bmm (and grad)
+    def forward(self, x: torch.Tensor, folded: torch.Tensor | None = None) -> torch.Tensor:
+        """x: `[N, B, r]` -> `[N, B, r]`. `folded`: `self.folded()`, when the caller computed it once for many calls."""
+        folded = self.folded() if folded is None else folded
+        mixed = torch.bmm(folded, x.permute(2, 1, 0).contiguous())  # [r, B, N]; contiguous: faster bmm (and grad)
         return mixed.permute(2, 1, 0)
 
 
@@ -235,26 +236,34 @@ class XPressRefiner(nn.Module):
         pooled = self.down_g(hidden.mean(dim=1, keepdim=True)) @ w[:, r : 2 * r].T
         return local + pooled
 
-    def delta(self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, start: int = 1) -> torch.Tensor:
+    def delta(
+        self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, start: int = 1, mixer: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Logit bias for slots `start..B-1`.
 
         hidden_part: `[N, B, r]` from `hidden_part()`; prev_tokens: `[N, B]`, the token before each slot
         (slot 0: the token before the anchor). Returns `[N, B - start, V]`.
         """
-        return self.w2(self.features(hidden_part, prev_tokens, start))
+        return self.w2(self.features(hidden_part, prev_tokens, start, mixer))
 
-    def features(self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, start: int = 1) -> torch.Tensor:
-        """Fuse, Mix and Trans: the r-dim input of the read-out `w2` for slots `start..B-1`, `[N, B - start, r]`."""
+    def features(
+        self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, start: int = 1, mixer: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Fuse, Mix and Trans: the r-dim input of the read-out `w2` for slots `start..B-1`, `[N, B - start, r]`.
+
+        `mixer`: `self.mix.folded()` computed once per block (it does not depend on the tokens)."""
         x = hidden_part + self.w1(prev_tokens) @ self.in_proj.weight[:, 2 * self.rank :].T
-        x = self.mix(x)[:, start:]
+        x = self.mix(x, mixer)[:, start:]
         return x + self.mlp(x)
 
     def delta_shortlist(
-        self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, candidates: torch.LongTensor, start: int = 1
+        self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, rows: torch.Tensor, start: int = 1,
+        mixer: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`delta` read for `candidates` `[N, B - start, M]` token ids only: `[N, B - start, M]`."""
-        x = self.features(hidden_part, prev_tokens, start)
-        return torch.einsum("nkr,nkmr->nkm", x, self.w2.weight[candidates])
+        """`delta` read for a shortlist only. rows: `w2.weight[candidates]` `[N, B - start, M, r]` (gathered once per
+        block) for candidate token ids `[N, B - start, M]`. Returns `[N, B - start, M]`."""
+        x = self.features(hidden_part, prev_tokens, start, mixer)
+        return (x.unsqueeze(-2) @ rows.transpose(-1, -2)).squeeze(-2)
 
     def forward(self, hidden: torch.Tensor, prev_tokens: torch.LongTensor) -> torch.Tensor:
         """Teacher-forced bias for slots 1..B-1: hidden `[N, B, H]`, prev_tokens `[N, B]` -> `[N, B-1, V]`."""
@@ -267,20 +276,34 @@ class XPressRefiner(nn.Module):
         lead_tokens: torch.LongTensor,
         noise: torch.Tensor,
         passes: int,
+        candidates: torch.LongTensor | None = None,
     ) -> tuple[torch.LongTensor, torch.Tensor]:
         """Exactly `passes` Jacobi passes with static shapes, no host syncs and no data-dependent control flow, so
-        the whole loop can be captured in a CUDA graph (`torch.compile(..., mode="reduce-overhead")`).
+        the whole loop can be compiled (`torch.compile`) and captured in a CUDA graph (`mode="reduce-overhead"`).
 
         hidden_part `[N, B, r]`, base_logits `[N, B-1, V]` float32, lead_tokens `[N, 2]`, noise `[N, B-1, V]`
-        (zeros for greedy). Returns tokens `[N, B-1]` and their logits `[N, B-1, V]`.
+        (zeros for greedy); candidates `[N, B-1, M]`: score only this shortlist (`refiner_shortlist`). Returns
+        tokens `[N, B-1]` and their logits `[N, B-1, V]` (-inf outside the shortlist).
         """
-        logits = base_logits
-        tokens = (logits + noise).argmax(dim=-1)
+        mixer = self.mix.folded()
+        if candidates is None:
+            logits = base_logits
+            tokens = (logits + noise).argmax(dim=-1)
+            for _ in range(passes):
+                prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)
+                logits = base_logits + self.delta(hidden_part, prev, 1, mixer).float()
+                tokens = (logits + noise).argmax(dim=-1)
+            return tokens, logits
+        base = base_logits.gather(-1, candidates)
+        cand_noise = noise.gather(-1, candidates)
+        rows = self.w2.weight[candidates]
+        scores = base
+        tokens = candidates.gather(-1, (scores + cand_noise).argmax(-1, keepdim=True))[..., 0]
         for _ in range(passes):
             prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)
-            logits = base_logits + self.delta(hidden_part, prev).float()
-            tokens = (logits + noise).argmax(dim=-1)
-        return tokens, logits
+            scores = base + self.delta_shortlist(hidden_part, prev, rows, 1, mixer).float()
+            tokens = candidates.gather(-1, (scores + cand_noise).argmax(-1, keepdim=True))[..., 0]
+        return tokens, torch.full_like(base_logits, float("-inf")).scatter(-1, candidates, scores)
 
 
 class XPressMarkovHead(nn.Module):
@@ -551,34 +574,37 @@ class XPressDrafterModel(XPressPreTrainedModel):
             return self._propose_markov(base_logits, lead_tokens[:, 1:], pick, hook)
 
         logits = hook(base_logits, 0, None)
-        tokens = pick(logits, 0)
         if not isinstance(self.refiner, XPressRefiner) or passes == 0:
-            return DraftProposal(tokens, logits, 0)
+            return DraftProposal(pick(logits, 0), logits, 0)
 
-        hidden_part = self.refiner.hidden_part(hidden)
-        if not early_stop and self._fast_refine is not None and logits_hook is None:
-            zeros = torch.zeros_like(base_logits) if noise is None else noise
-            tokens, logits = self._fast_refine(hidden_part, base_logits, lead_tokens, zeros, passes)
-            return DraftProposal(tokens.clone(), logits.clone(), passes)  # clone: graph outputs are reused buffers
-
+        hidden_part = self.refiner.hidden_part(hidden)  # once per block, like the folded mixer below
         # What one pass scores: every token (the paper), or a per-slot shortlist of the drafter's top-M tokens.
         shortlist = self.config.refiner_shortlist if logits_hook is None else None
-        if shortlist is None:
+        candidates = None if shortlist is None else logits.topk(min(shortlist, logits.shape[-1]), dim=-1).indices
+        if not early_stop and self._fast_refine is not None and logits_hook is None:
+            zeros = torch.zeros_like(base_logits) if noise is None else noise
+            tokens, logits = self._fast_refine(hidden_part, base_logits, lead_tokens, zeros, passes, candidates)
+            return DraftProposal(tokens.clone(), logits.clone(), passes)  # clone: graph outputs are reused buffers
+
+        mixer = self.refiner.mix.folded()
+        if candidates is None:
             base = base_logits
-            bias = lambda prev, start: self.refiner.delta(hidden_part, prev, start + 1)  # noqa: E731
-            choose = pick
+            bias = lambda prev, start: self.refiner.delta(hidden_part, prev, start + 1, mixer)  # noqa: E731
+            choose, seed_scores = pick, logits
         else:
-            candidates = logits.topk(min(shortlist, logits.shape[-1]), dim=-1).indices  # [1, B-1, M]
-            base = base_logits.gather(-1, candidates)
+            base = seed_scores = base_logits.gather(-1, candidates)
             cand_noise = None if noise is None else noise.gather(-1, candidates)
+            rows = self.refiner.w2.weight[candidates]  # [1, B-1, M, r], gathered once per block
             bias = lambda prev, start: self.refiner.delta_shortlist(  # noqa: E731
-                hidden_part, prev, candidates[:, start:], start + 1
+                hidden_part, prev, rows[:, start:], start + 1, mixer
             )
 
             def choose(scores: torch.Tensor, start: int) -> torch.LongTensor:
                 scores = scores if cand_noise is None else scores + cand_noise[:, start : start + scores.shape[1]]
                 return candidates[:, start : start + scores.shape[1]].gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
 
+        # The seed: the drafter's own choice (within the shortlist, which spares a second pass over the vocabulary).
+        tokens = choose(seed_scores, 0)
         num_slots, start, run = tokens.shape[1], 0, 0
         scores = base.clone()  # written in place (rows start..) below
         while run < passes and start < num_slots:

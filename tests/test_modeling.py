@@ -293,3 +293,35 @@ def test_a_full_vocabulary_shortlist_is_the_plain_refiner():
     full = drafter.propose(hidden, base_logits, lead, passes=4)
     assert torch.equal(plain.tokens, full.tokens)
     torch.testing.assert_close(plain.logits, full.logits)
+
+
+def test_refiner_tables_compute_the_same_features_and_follow_weight_changes():
+    """Inference folds Fuse's projections and stacks the MLP's gate/up (`XPressRefiner.tables`); same result as the
+    training-time path, and the tables are rebuilt when a weight changes in place (e.g. an optimizer step)."""
+    torch.manual_seed(3)
+    refiner = tiny_drafter(tiny_target("qwen3")).refiner
+    hidden, prev = torch.randn(2, B, 64), torch.randint(0, 128, (2, B))
+    tables = refiner.tables()
+    assert refiner.tables() is tables  # cached
+    hp = refiner.hidden_part(hidden)
+    torch.testing.assert_close(refiner.hidden_part(hidden, tables), hp, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(refiner.features(hp, prev, 3, tables=tables), refiner.features(hp, prev, 3), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        refiner.w1.weight.mul_(2.0)
+    rebuilt = refiner.tables()
+    assert rebuilt is not tables
+    torch.testing.assert_close(refiner.features(hp, prev, tables=rebuilt), refiner.features(hp, prev), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("vocab, k", [(49152, 64), (1000, 5), (151936, 64), (100, 64)])
+def test_top_candidates_is_an_exact_top_k(vocab, k):
+    from hf_xpress.modeling_xpress import top_candidates
+
+    torch.manual_seed(vocab)
+    logits = torch.randn(1, 15, vocab)
+    logits[0, 3, -1] = 100.0  # the ragged last bucket holds the best token
+    logits[0, 4, :k] = 50.0 + torch.arange(k).float()  # the whole top k inside a few buckets
+    ids = top_candidates(logits, k)
+    assert ids.shape == (1, 15, k)
+    expected = logits.topk(k, dim=-1).indices
+    assert torch.equal(ids.sort(-1).values, expected.sort(-1).values)

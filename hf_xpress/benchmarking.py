@@ -176,6 +176,11 @@ def build_methods(
             label, d = drafters[0]
             methods.append(Method(f"native-dflash[{label} base]", "native-dflash", model=d, label=label))
     for (label, d), kind in zip(drafters, kinds):
+        if kind == "markov":  # the same shortlists as xPress, for a like-for-like comparison
+            for sl in shortlists:
+                name = f"markov{tag(kind, label)}" + (f" sl{sl}" if sl else "")
+                methods.append(Method(name, kind, model=d, label=label, shortlist=sl))
+            continue
         if kind != "xpress":
             methods.append(Method(f"{kind}{tag(kind, label)}", kind, model=d, label=label))
             continue
@@ -284,12 +289,14 @@ def _generate_kwargs(target, max_new_tokens: int, temperature: float) -> dict:
 @contextlib.contextmanager
 def _drafter_settings(method: Method):
     """Set K / early stop on the drafter's config for the duration of one run (restored after)."""
-    if method.kind != "xpress":
+    if method.kind not in ("xpress", "markov"):
         yield
         return
     cfg = method.model.config
     saved = (cfg.jacobi_passes, cfg.jacobi_early_stop, cfg.refiner_shortlist)
-    cfg.jacobi_passes, cfg.jacobi_early_stop, cfg.refiner_shortlist = method.passes, method.early_stop, method.shortlist
+    if method.kind == "xpress":
+        cfg.jacobi_passes, cfg.jacobi_early_stop = method.passes, method.early_stop
+    cfg.refiner_shortlist = method.shortlist
     try:
         yield
     finally:
@@ -1091,6 +1098,7 @@ def block_latency(
         "dtype": str(dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
         "block_size": B,
+        "refiner_shortlist": cfg.refiner_shortlist,  # applies to both refiners' timings
         "context_length": context_length,
         "new_context": new_context,
         "repeats": repeats,
@@ -1166,6 +1174,7 @@ def _dominant(r: dict) -> str:
 
 
 def format_block_table(r: dict) -> str:
+    shortlist = f", shortlist {r['refiner_shortlist']}" if r.get("refiner_shortlist") else ""
     lines = [
         f"per-block latency, B={r['block_size']}, {r['dtype']} on {r['device']} ({r['threads']} threads), context "
         f"{r['context_length']} (+{r['new_context']} new rows), median of {r['repeats']}, load {r.get('load_average')}",
@@ -1178,10 +1187,10 @@ def format_block_table(r: dict) -> str:
     ]
     for k, v in sorted(r["refine_ms"].items()):
         extra = f" ({v / r['draft_ms']:.0%} of draft)" if k else " (seed argmax only)"
-        lines.append(f"| xPress refine K={k}{extra} | {v:.3f} |")
+        lines.append(f"| xPress refine K={k}{shortlist if k else ''}{extra} | {v:.3f} |")
     lines += [
         f"| per extra pass (slope) | {r['per_pass_ms']:.3f} |",
-        f"| Markov head, {r['block_size'] - 1} sequential steps | {r['markov_ms']:.3f} |",
+        f"| Markov head, {r['block_size'] - 1} sequential steps{shortlist} | {r['markov_ms']:.3f} |",
         f"| refiner hidden part (once per block) | {r['refiner_hidden_part_ms']:.3f} |",
         f"| refiner delta (one pass, no argmax) | {r['refiner_delta_ms']:.3f} |",
         f"| w2 read r x V ({r['block_size'] - 1} slots) | {r['w2_read_ms']:.3f} |",

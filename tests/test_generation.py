@@ -194,12 +194,12 @@ def test_output_hidden_states_with_return_dict(target):
 V = 4  # tiny vocabulary, so the exact distribution of several tokens can be enumerated
 
 
-def _peaky_pair(seed: int):
+def _peaky_pair(seed: int, refiner: str = "xpress"):
     target = tiny_target("llama", seed=seed, vocab_size=V)
     with torch.no_grad():
         target.lm_head.weight.mul_(5.0)  # several likely tokens per step: ~70 cells hold 5+ expected samples
     torch.manual_seed(seed + 1)
-    drafter = XPressDrafterModel.from_target(target, refiner="xpress", num_hidden_layers=1, mask_token_id=V - 1).eval()
+    drafter = XPressDrafterModel.from_target(target, refiner=refiner, num_hidden_layers=1, mask_token_id=V - 1).eval()
     with torch.no_grad():
         for p in drafter.refiner.parameters():
             p.normal_(0.0, 0.5)
@@ -249,13 +249,15 @@ def _bound(dof: int) -> float:
 
 
 @pytest.mark.parametrize(
-    "processing, shortlist", [(dict(top_k=0), None), (dict(temperature=0.7, top_k=3), None), (dict(top_k=0), 2)]
+    "processing, shortlist, refiner",
+    [(dict(top_k=0), None, "xpress"), (dict(temperature=0.7, top_k=3), None, "xpress"), (dict(top_k=0), 2, "xpress"),
+     (dict(top_k=0), 2, "markov")],
 )
-def test_sampling_keeps_the_target_distribution_and_a_biased_q_is_caught(processing, shortlist, monkeypatch):
+def test_sampling_keeps_the_target_distribution_and_a_biased_q_is_caught(processing, shortlist, refiner, monkeypatch):
     """4 new tokens: the first from the prefill, then 2 drafts (slot 2's q depends on slot 1's token through the
     refiner) and a bonus/correction. 1500 samples; the joint of the 4 tokens (256 cells, ~70 with 5+ expected
     samples) must match the target's exact joint; 500 samples from a sampler with the wrong q fail the same bound."""
-    target, drafter = _peaky_pair(seed=7)
+    target, drafter = _peaky_pair(seed=7, refiner=refiner)
     drafter.config.refiner_shortlist = shortlist  # 2 of the 4 tokens: drafts restricted to the drafter's top 2
     prompt = torch.tensor([[1, 2, 0]])
     exact = _exact_joint(target, prompt, 4, **processing)

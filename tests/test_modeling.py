@@ -284,6 +284,27 @@ def test_shortlisted_jacobi_reaches_the_shortlisted_sequential_decode(sample):
         assert torch.equal((out.logits + (0 if noise is None else noise)).argmax(-1), out.tokens)
 
 
+@pytest.mark.parametrize("sample", [False, True])
+def test_shortlisted_markov_head_decodes_left_to_right_among_the_candidates(sample):
+    torch.manual_seed(13)
+    drafter = tiny_drafter(tiny_target("qwen3"), refiner="markov")
+    hidden, base_logits, lead = torch.randn(1, B, 64), torch.randn(1, B - 1, 128) * 2, torch.randint(0, 128, (1, 2))
+    noise = -torch.log(-torch.log(torch.rand(1, B - 1, 128))) if sample else None
+    candidates = base_logits.topk(8, dim=-1).indices
+    prev, tokens, rows = int(lead[0, 1]), [], []
+    for k in range(B - 1):
+        scores = base_logits[0, k] + drafter.refiner(torch.tensor([[prev]]))[0, 0]
+        rows.append(scores)
+        chosen = scores + (0 if noise is None else noise[0, k])
+        prev = int(candidates[0, k, chosen[candidates[0, k]].argmax()])
+        tokens.append(prev)
+    drafter.config.refiner_shortlist = 8
+    out = drafter.propose(hidden, base_logits, lead, noise=noise)
+    assert out.tokens[0].tolist() == tokens
+    expected = torch.full((B - 1, 128), float("-inf")).scatter(-1, candidates[0], torch.stack(rows).gather(-1, candidates[0]))
+    torch.testing.assert_close(out.logits[0], expected)
+
+
 def test_a_full_vocabulary_shortlist_is_the_plain_refiner():
     torch.manual_seed(12)
     drafter = tiny_drafter(tiny_target("qwen3"))

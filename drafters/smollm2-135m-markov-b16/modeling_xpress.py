@@ -619,7 +619,10 @@ class XPressDrafterModel(XPressPreTrainedModel):
             return (scores if noise is None else scores + noise[:, start : start + scores.shape[1]]).argmax(dim=-1)
 
         base_logits = base_logits.float()  # no copy when already float32; never written to
+        shortlist = self.config.refiner_shortlist if logits_hook is None else None
         if isinstance(self.refiner, XPressMarkovHead):
+            if shortlist is not None:
+                return self._propose_markov_shortlist(base_logits, lead_tokens[:, 1:], shortlist, noise)
             return self._propose_markov(base_logits, lead_tokens[:, 1:], pick, hook)
 
         logits = hook(base_logits, 0, None)
@@ -629,7 +632,6 @@ class XPressDrafterModel(XPressPreTrainedModel):
         tables = self.refiner.tables()
         hidden_part = self.refiner.hidden_part(hidden, tables)  # once per block, like the folded mixer below
         # What one pass scores: every token (the paper), or a per-slot shortlist of the drafter's top-M tokens.
-        shortlist = self.config.refiner_shortlist if logits_hook is None else None
         candidates = None if shortlist is None else top_candidates(logits, min(shortlist, logits.shape[-1]))
         if not early_stop and self._fast_refine is not None and logits_hook is None:
             zeros = torch.zeros_like(base_logits) if noise is None else noise
@@ -673,6 +675,22 @@ class XPressDrafterModel(XPressPreTrainedModel):
         if shortlist is not None:
             scores = torch.full_like(base_logits, float("-inf")).scatter_(-1, candidates, scores)
         return DraftProposal(tokens, scores, run)
+
+    def _propose_markov_shortlist(self, base_logits, anchor, shortlist: int, noise) -> DraftProposal:
+        """The Markov head scoring each slot's top-M drafter tokens only (`refiner_shortlist`), left to right."""
+        candidates = top_candidates(base_logits, min(shortlist, base_logits.shape[-1]))  # [1, B-1, M]
+        scores = base_logits.gather(-1, candidates)
+        if noise is not None:
+            noise = noise.gather(-1, candidates)
+        rows = self.refiner.w2.weight[candidates]  # [1, B-1, M, r]
+        tokens = torch.empty(scores.shape[:2], dtype=torch.long, device=scores.device)
+        prev = anchor
+        for k in range(scores.shape[1]):
+            scores[:, k] += (rows[:, k] @ self.refiner.w1(prev)[:, 0, :, None])[..., 0].float()
+            pick = scores[:, k] if noise is None else scores[:, k] + noise[:, k]
+            tokens[:, k : k + 1] = prev = candidates[:, k].gather(-1, pick.argmax(-1, keepdim=True))
+        logits = torch.full_like(base_logits, float("-inf")).scatter_(-1, candidates, scores)
+        return DraftProposal(tokens, logits, base_logits.shape[1])
 
     def _propose_markov(self, base_logits, anchor, pick, hook) -> DraftProposal:
         """Left-to-right: slot k's logits are `s_k + w2(w1[token at k-1])`, one serial step per slot."""

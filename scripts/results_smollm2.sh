@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Reproduces the committed SmolLM2-135M-Instruct benchmark results (results/*-s2): run on a quiet machine.
+#
+#   bash scripts/results_smollm2.sh block   # per-block latency, full vocabulary and refiner_shortlist=64
+#   bash scripts/results_smollm2.sh bf16    # end to end, bf16, greedy and T = 1, every method
+#   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+D=(--drafter drafters/smollm2-135m-dflash-b16 --drafter drafters/smollm2-135m-markov-b16
+   --drafter drafters/smollm2-135m-xpress-b16)
+case "${1:-all}" in
+  block|all)
+    hf-xpress bench --block-only --drafter drafters/smollm2-135m-xpress-b16 --dtype bfloat16 --threads 2 \
+      --block-repeats 30 --out results/block-smollm2-bf16 --no-progress
+    hf-xpress bench --block-only --drafter drafters/smollm2-135m-xpress-b16 --dtype bfloat16 --threads 2 \
+      --block-repeats 30 --shortlist 64 --out results/block-smollm2-bf16-sl64 --no-progress
+    ;;&
+  bf16|all)
+    hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 \
+      --temperature 0 --temperature 1 --passes 2,4,6 --early-stop on --shortlist none,64 --dtype bfloat16 \
+      --threads 2 --out results/smollm2-bf16-s2
+    ;;&
+  fp32|all)
+    hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 2 --max-new-tokens 64 --passes 4 \
+      --early-stop on,off --shortlist none,64 --dtype float32 --threads 2 --fail-on-mismatch \
+      --out results/smollm2-fp32-exactness-s2
+    ;;
+esac

@@ -47,11 +47,11 @@ class XPressDrafterConfig(PreTrainedConfig):
         jacobi_passes (`int`): K, the number of parallel refinement passes per block.
         jacobi_early_stop (`bool`): lock the converged prefix and stop once a pass changes nothing. Both are
             exact: the result equals that of `jacobi_passes` full passes, for less work.
-        refiner_shortlist (`int`, *optional*): if set to M, each Jacobi pass computes the refiner's bias only for the
-            M tokens the drafter ranks highest at each slot, and drafts (and their logits, -inf elsewhere) are chosen
-            among them. Cuts a pass from (B-1) x r x V to (B-1) x r x M multiply-adds (what bounds it on CPUs);
-            still lossless (tokens are exact samples of the returned logits). None (default): the full vocabulary,
-            as in the paper. Applies when no logits processor is active.
+        refiner_shortlist (`int`, *optional*): if set to M, the refiner scores only the M tokens the drafter ranks
+            highest at each slot (each Jacobi pass of xPress, each step of the Markov head), and drafts (and their
+            logits, -inf elsewhere) are chosen among them. Cuts a pass from (B-1) x r x V to (B-1) x r x M
+            multiply-adds (what bounds it on CPUs); still lossless (tokens are exact samples of the returned logits).
+            None (default): the full vocabulary, as in the paper. Applies when no logits processor is active.
         target_model_type (`str`, *optional*): `model_type` of the target, recorded for error messages.
         layer_types (`list[str]`, *optional*): per drafter layer, `"full_attention"` (the whole context, as in the
             dFlash paper; the default) or `"sliding_attention"`: a block token at position p sees a key at position k

@@ -661,12 +661,14 @@ class XPressDrafterModel(XPressPreTrainedModel):
         scores = base.clone()  # written in place (rows start..) below
         while run < passes and start < num_slots:
             prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)  # [1, B]: the token before each slot
-            new_scores = hook(base[:, start:] + bias(prev, start), start, tokens)  # float32 by promotion
+            if logits_hook is None:  # straight into `scores`: no new [B-1, V] buffer per pass
+                new_scores = torch.add(base[:, start:], bias(prev, start), out=scores[:, start:])
+            else:
+                new_scores = scores[:, start:] = hook(base[:, start:] + bias(prev, start), start, tokens)
             new_tokens = choose(new_scores, start)
             run += 1
             if early_stop:  # rows up to the first one that changed are locked: their inputs no longer change
                 changed = (new_tokens != tokens[:, start:])[0].nonzero()
-            scores[:, start:] = new_scores
             tokens[:, start:] = new_tokens
             if early_stop:
                 if changed.numel() == 0:

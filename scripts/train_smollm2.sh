@@ -22,6 +22,24 @@ COMMON=(--target "$TARGET" --data "$DATA" --feature-cache "$CACHE"
         --train-vocab 8192 --anchors-per-seq 16 --batch-size 4 --grad-accum 1 --lr 1e-3 --max-steps 900 --mixed-precision bf16
         --eval-every 100 --save-every 25 --heldout-every 25 --heldout-seqs 24 --eval-anchors 8 --seed 0 --threads 1)
 
+REF=results/training/greedy-reference.json
+
+# measure_and_ship SUFFIX: tau of runs/smollm2-{none,markov,xpress}SUFFIX/best (in parallel), then their folders in
+# drafters/ with model cards comparing the three.
+measure_and_ship() {
+  local suffix=$1 refiner
+  for refiner in none markov xpress; do
+    python -m hf_xpress.training tau --drafter "runs/smollm2-$refiner$suffix/best" --reference "$REF" \
+      --sets humaneval,mtbench,math500 --limit 6 --threads 1 --out "results/training/tau-$refiner$suffix.json" &
+  done
+  wait
+  local taus=(--tau "dFlash=results/training/tau-none$suffix.json" --tau "+ Markov=results/training/tau-markov$suffix.json"
+              --tau "+ xPress=results/training/tau-xpress$suffix.json")
+  python -m hf_xpress.training ship --run "runs/smollm2-none$suffix" --out drafters/smollm2-135m-dflash-b16 "${taus[@]}"
+  python -m hf_xpress.training ship --run "runs/smollm2-markov$suffix" --out drafters/smollm2-135m-markov-b16 "${taus[@]}"
+  python -m hf_xpress.training ship --run "runs/smollm2-xpress$suffix" --out drafters/smollm2-135m-xpress-b16 "${taus[@]}"
+}
+
 case "${1:-all}" in
   data|all)
     # ShareGPT first exchanges (their existing responses) + stdlib source as code blocks, shuffled (seed 0),
@@ -38,18 +56,8 @@ case "${1:-all}" in
     ;;&
   ship|all)
     # tau with real speculative decoding (greedy, fp32 target): plain greedy outputs once, then each drafter.
-    REF=results/training/greedy-reference.json
     python -m hf_xpress.training tau --reference "$REF" --sets humaneval,mtbench,math500 --limit 6 --threads 1
-    for refiner in none markov xpress; do
-      python -m hf_xpress.training tau --drafter "runs/smollm2-$refiner/best" --reference "$REF" \
-        --sets humaneval,mtbench,math500 --limit 6 --threads 1 --out "results/training/tau-$refiner.json" &
-    done
-    wait
-    TAUS=(--tau "dFlash=results/training/tau-none.json" --tau "+ Markov=results/training/tau-markov.json"
-          --tau "+ xPress=results/training/tau-xpress.json")
-    python -m hf_xpress.training ship --run runs/smollm2-none --out drafters/smollm2-135m-dflash-b16 "${TAUS[@]}"
-    python -m hf_xpress.training ship --run runs/smollm2-markov --out drafters/smollm2-135m-markov-b16 "${TAUS[@]}"
-    python -m hf_xpress.training ship --run runs/smollm2-xpress --out drafters/smollm2-135m-xpress-b16 "${TAUS[@]}"
+    measure_and_ship ""
     ;;
   continue)
     # Second run: the whole data set labelled (1,836 sequences); each drafter starts from its first run's final
@@ -64,17 +72,7 @@ case "${1:-all}" in
     wait
     ;;
   ship2)
-    REF=results/training/greedy-reference.json
-    for refiner in none markov xpress; do
-      python -m hf_xpress.training tau --drafter "runs/smollm2-$refiner-2/best" --reference "$REF" \
-        --sets humaneval,mtbench,math500 --limit 6 --threads 1 --out "results/training/tau-$refiner-2.json" &
-    done
-    wait
-    TAUS=(--tau "dFlash=results/training/tau-none-2.json" --tau "+ Markov=results/training/tau-markov-2.json"
-          --tau "+ xPress=results/training/tau-xpress-2.json")
-    python -m hf_xpress.training ship --run runs/smollm2-none-2 --out drafters/smollm2-135m-dflash-b16 "${TAUS[@]}"
-    python -m hf_xpress.training ship --run runs/smollm2-markov-2 --out drafters/smollm2-135m-markov-b16 "${TAUS[@]}"
-    python -m hf_xpress.training ship --run runs/smollm2-xpress-2 --out drafters/smollm2-135m-xpress-b16 "${TAUS[@]}"
+    measure_and_ship -2
     ;;
   lora)
     # Part 5: attach xPress to the trained dFlash drafter (LoRA r=16 on its layers and fc, refiner trained fully).

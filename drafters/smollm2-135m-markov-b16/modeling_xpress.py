@@ -343,16 +343,14 @@ class XPressRefiner(nn.Module):
                 logits = base_logits + self.delta(hidden_part, prev, 1, mixer, tables).float()
                 tokens = (logits + noise).argmax(dim=-1)
             return tokens, logits
-        base = base_logits.gather(-1, candidates)
-        cand_noise = noise.gather(-1, candidates)
-        rows = self.w2.weight[candidates]
+        base, cand_noise, rows = _gather_shortlist(base_logits, noise, candidates, self.w2.weight)
         scores = base
-        tokens = candidates.gather(-1, (scores + cand_noise).argmax(-1, keepdim=True))[..., 0]
+        tokens = _pick_among(candidates, scores + cand_noise)
         for _ in range(passes):
             prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)
             scores = base + self.delta_shortlist(hidden_part, prev, rows, 1, mixer, tables).float()
-            tokens = candidates.gather(-1, (scores + cand_noise).argmax(-1, keepdim=True))[..., 0]
-        return tokens, torch.full_like(base_logits, float("-inf")).scatter(-1, candidates, scores)
+            tokens = _pick_among(candidates, scores + cand_noise)
+        return tokens, _spread(base_logits, candidates, scores)
 
 
 class XPressMarkovHead(nn.Module):
@@ -644,16 +642,15 @@ class XPressDrafterModel(XPressPreTrainedModel):
             bias = lambda prev, start: self.refiner.delta(hidden_part, prev, start + 1, mixer, tables)  # noqa: E731
             choose, seed_scores = pick, logits
         else:
-            base = seed_scores = base_logits.gather(-1, candidates)
-            cand_noise = None if noise is None else noise.gather(-1, candidates)
-            rows = self.refiner.w2.weight[candidates]  # [1, B-1, M, r], gathered once per block
+            base, cand_noise, rows = _gather_shortlist(base_logits, noise, candidates, self.refiner.w2.weight)
+            seed_scores = base
             bias = lambda prev, start: self.refiner.delta_shortlist(  # noqa: E731
                 hidden_part, prev, rows[:, start:], start + 1, mixer, tables
             )
 
             def choose(scores: torch.Tensor, start: int) -> torch.LongTensor:
                 scores = scores if cand_noise is None else scores + cand_noise[:, start : start + scores.shape[1]]
-                return candidates[:, start : start + scores.shape[1]].gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
+                return _pick_among(candidates[:, start : start + scores.shape[1]], scores)
 
         # The seed: the drafter's own choice (within the shortlist, which spares a second pass over the vocabulary).
         tokens = choose(seed_scores, 0)
@@ -667,32 +664,28 @@ class XPressDrafterModel(XPressPreTrainedModel):
                 new_scores = scores[:, start:] = hook(base[:, start:] + bias(prev, start), start, tokens)
             new_tokens = choose(new_scores, start)
             run += 1
-            if early_stop:  # rows up to the first one that changed are locked: their inputs no longer change
-                changed = (new_tokens != tokens[:, start:])[0].nonzero()
+            # Early stop: rows up to the first one that changed are locked (their inputs no longer change).
+            changed = (new_tokens != tokens[:, start:])[0].nonzero() if early_stop else None
             tokens[:, start:] = new_tokens
-            if early_stop:
+            if changed is not None:
                 if changed.numel() == 0:
                     break
                 start += int(changed[0]) + 1
-        if shortlist is not None:
-            scores = torch.full_like(base_logits, float("-inf")).scatter_(-1, candidates, scores)
+        if candidates is not None:
+            scores = _spread(base_logits, candidates, scores)
         return DraftProposal(tokens, scores, run)
 
     def _propose_markov_shortlist(self, base_logits, anchor, shortlist: int, noise) -> DraftProposal:
         """The Markov head scoring each slot's top-M drafter tokens only (`refiner_shortlist`), left to right."""
         candidates = top_candidates(base_logits, min(shortlist, base_logits.shape[-1]))  # [1, B-1, M]
-        scores = base_logits.gather(-1, candidates)
-        if noise is not None:
-            noise = noise.gather(-1, candidates)
-        rows = self.refiner.w2.weight[candidates]  # [1, B-1, M, r]
+        scores, noise, rows = _gather_shortlist(base_logits, noise, candidates, self.refiner.w2.weight)
         tokens = torch.empty(scores.shape[:2], dtype=torch.long, device=scores.device)
         prev = anchor
         for k in range(scores.shape[1]):
             scores[:, k] += (rows[:, k] @ self.refiner.w1(prev)[:, 0, :, None])[..., 0].float()
-            pick = scores[:, k] if noise is None else scores[:, k] + noise[:, k]
-            tokens[:, k : k + 1] = prev = candidates[:, k].gather(-1, pick.argmax(-1, keepdim=True))
-        logits = torch.full_like(base_logits, float("-inf")).scatter_(-1, candidates, scores)
-        return DraftProposal(tokens, logits, base_logits.shape[1])
+            pick = scores[:, k : k + 1] if noise is None else scores[:, k : k + 1] + noise[:, k : k + 1]
+            tokens[:, k : k + 1] = prev = _pick_among(candidates[:, k : k + 1], pick)
+        return DraftProposal(tokens, _spread(base_logits, candidates, scores), base_logits.shape[1])
 
     def _propose_markov(self, base_logits, anchor, pick, hook) -> DraftProposal:
         """Left-to-right: slot k's logits are `s_k + w2(w1[token at k-1])`, one serial step per slot."""
@@ -703,6 +696,25 @@ class XPressDrafterModel(XPressPreTrainedModel):
             logits[:, k : k + 1] = hook(base_logits[:, k : k + 1] + self.refiner(prev), k, tokens)
             tokens[:, k : k + 1] = prev = pick(logits[:, k : k + 1], k)
         return DraftProposal(tokens, logits, base_logits.shape[1])
+
+
+def _gather_shortlist(
+    base_logits: torch.Tensor, noise: torch.Tensor | None, candidates: torch.LongTensor, w2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The shortlist's share of a block: base logits `[N, S, M]`, noise `[N, S, M]` (or None) and the read-out rows
+    `w2[candidates]` `[N, S, M, r]`, gathered once per block for candidate ids `[N, S, M]`."""
+    noise = None if noise is None else noise.gather(-1, candidates)
+    return base_logits.gather(-1, candidates), noise, w2[candidates]
+
+
+def _pick_among(candidates: torch.LongTensor, scores: torch.Tensor) -> torch.LongTensor:
+    """The candidate id with the highest score per row: `[..., M]` ids and scores -> `[...]`."""
+    return candidates.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
+
+
+def _spread(like: torch.Tensor, candidates: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+    """Shortlist scores `[..., M]` back to full-vocabulary logits shaped like `like`, -inf outside the shortlist."""
+    return torch.full_like(like, float("-inf")).scatter(-1, candidates, scores)
 
 
 def top_candidates(logits: torch.Tensor, k: int, bucket: int = 64) -> torch.LongTensor:

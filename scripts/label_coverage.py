@@ -1,0 +1,45 @@
+"""Share of the benchmark reference outputs' tokens that never occur as a training label.
+
+    python scripts/label_coverage.py [--data data/smollm2-label] [--reference results/training/greedy-reference.json]
+
+Training labels are those of the training split (every 25th sequence is held out, as in `hf-xpress train`),
+counted over the response positions; printed for the first 512 labelled sequences (the first run) and for all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+
+def seen_labels(data: str, num_sequences: int, heldout_every: int = 25) -> set[int]:
+    labels = np.load(f"{data}/labels.npy")
+    offsets = np.load(f"{data}/offsets.npy")
+    prompt_lens = np.load(f"{data}/prompt_lens.npy")
+    seen: set[int] = set()
+    for i in range(num_sequences):
+        if i % heldout_every:
+            seen.update(labels[offsets[i] + prompt_lens[i] - 1 : offsets[i + 1] - 1].tolist())
+    return seen
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data", default="data/smollm2-label")
+    parser.add_argument("--reference", default="results/training/greedy-reference.json")
+    args = parser.parse_args()
+    reference = json.loads(open(args.reference).read())
+    labelled = json.loads(open(f"{args.data}/manifest.json").read())["num_labelled"]
+    for n in sorted({min(512, labelled), labelled}):
+        seen = seen_labels(args.data, n)
+        shares = []
+        for name, outputs in reference.items():
+            tokens = [t for out in outputs.values() for t in out]
+            shares.append(f"{name} {sum(t not in seen for t in tokens) / len(tokens):.1%} of {len(tokens)}")
+        print(f"{n} sequences ({len(seen)} distinct labels): " + ", ".join(shares))
+
+
+if __name__ == "__main__":
+    main()

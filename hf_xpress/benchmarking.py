@@ -110,7 +110,9 @@ class Method:
     label: str | None = None  # drafter/assistant label (folder name)
     passes: int | None = None  # xPress: K
     early_stop: bool | None = None  # xPress: lock converged prefix and stop early
-    shortlist: int | None = None  # xPress: refiner_shortlist (None: full vocabulary)
+    shortlist: int | None = None  # xPress / Markov: refiner_shortlist (None: full vocabulary)
+    drafts: int | None = None  # ours: num_assistant_tokens, drafts per round (None: B-1)
+    confidence: float = 0.0  # ours: assistant_confidence_threshold (0: off)
     generate_kwargs: dict = field(default_factory=dict)
     runner: Callable | None = None
 
@@ -118,6 +120,8 @@ class Method:
         out = {"name": self.name, "kind": self.kind, "label": self.label}
         if self.kind == "xpress":
             out.update(passes=self.passes, early_stop=self.early_stop, shortlist=self.shortlist)
+        if self.ours:
+            out.update(shortlist=self.shortlist, drafts=self.drafts, confidence=self.confidence)
         if self.model is not None and getattr(self.model, "config", None) is not None:
             cfg = self.model.config
             out["model"] = {
@@ -146,6 +150,8 @@ def build_methods(
     passes: Iterable[int] = DEFAULT_PASSES,
     early_stop: Iterable[bool] = (True, False),
     shortlists: Iterable[int | None] = (None,),
+    drafts: Iterable[int | None] = (None,),
+    confidences: Iterable[float] = (0.0,),
     prompt_lookup: int | None = PROMPT_LOOKUP_TOKENS,
     native_dflash: bool = True,
 ) -> list[Method]:
@@ -153,9 +159,18 @@ def build_methods(
 
     drafters: ``(label, XPressDrafterModel)`` pairs. The native DFlash path runs each refiner-less drafter (or, when
     there is none, the first drafter's base, labelled so). Names carry the label only when two drafters of the same
-    kind are given.
+    kind are given. Each of our methods runs at every `drafts` (drafts per round) x `confidences` (threshold) setting,
+    the Markov head and xPress also at every shortlist; names carry " sl<M>", " n<drafts>", " c<threshold>".
     """
     passes, early_stop, shortlists = list(passes), list(early_stop), list(shortlists)
+
+    def submission(name: str, **method) -> list[Method]:
+        """`name` at every drafts-per-round x confidence-threshold setting."""
+        return [
+            Method(name + (f" n{n}" if n else "") + (f" c{c:g}" if c else ""), drafts=n, confidence=c, **method)
+            for n in drafts for c in confidences
+        ]
+
     methods = [Method(PLAIN, "plain")]
     if prompt_lookup:
         methods.append(Method("prompt-lookup", "pld", generate_kwargs={"prompt_lookup_num_tokens": prompt_lookup}))
@@ -179,17 +194,17 @@ def build_methods(
         if kind == "markov":  # the same shortlists as xPress, for a like-for-like comparison
             for sl in shortlists:
                 name = f"markov{tag(kind, label)}" + (f" sl{sl}" if sl else "")
-                methods.append(Method(name, kind, model=d, label=label, shortlist=sl))
+                methods += submission(name, kind=kind, model=d, label=label, shortlist=sl)
             continue
         if kind != "xpress":
-            methods.append(Method(f"{kind}{tag(kind, label)}", kind, model=d, label=label))
+            methods += submission(f"{kind}{tag(kind, label)}", kind=kind, model=d, label=label)
             continue
         for k in passes:
             for es in early_stop if k > 0 else [False]:
                 for sl in shortlists if k > 0 else [None]:
                     name = f"xpress{tag(kind, label)} K={k}" + (" es" if es else "") + (f" sl{sl}" if sl else "")
-                    methods.append(
-                        Method(name, "xpress", model=d, label=label, passes=k, early_stop=es, shortlist=sl)
+                    methods += submission(
+                        name, kind="xpress", model=d, label=label, passes=k, early_stop=es, shortlist=sl
                     )
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
@@ -288,19 +303,24 @@ def _generate_kwargs(target, max_new_tokens: int, temperature: float) -> dict:
 
 @contextlib.contextmanager
 def _drafter_settings(method: Method):
-    """Set K / early stop on the drafter's config for the duration of one run (restored after)."""
-    if method.kind not in ("xpress", "markov"):
+    """Set K / early stop / shortlist / drafts per round on the drafter's config for one run (restored after)."""
+    if not method.ours:
         yield
         return
     cfg = method.model.config
-    saved = (cfg.jacobi_passes, cfg.jacobi_early_stop, cfg.refiner_shortlist)
+    names = ("jacobi_passes", "jacobi_early_stop", "refiner_shortlist", "num_assistant_tokens",
+             "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+    saved = {name: getattr(cfg, name) for name in names}
     if method.kind == "xpress":
         cfg.jacobi_passes, cfg.jacobi_early_stop = method.passes, method.early_stop
     cfg.refiner_shortlist = method.shortlist
+    cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = method.drafts, "constant"
+    cfg.assistant_confidence_threshold = method.confidence
     try:
         yield
     finally:
-        cfg.jacobi_passes, cfg.jacobi_early_stop, cfg.refiner_shortlist = saved
+        for name, value in saved.items():
+            setattr(cfg, name, value)
 
 
 def run_once(
@@ -1278,6 +1298,7 @@ def _load_sets(names: Sequence[str], limit: int | None, target, tokenizer, max_n
 
 
 def _shortlists(text: str) -> list[int | None]:
+    """"64,none" -> [64, None] (also used for --drafts)."""
     return [None if v.strip().lower() == "none" else int(v) for v in text.split(",") if v.strip()]
 
 
@@ -1328,6 +1349,8 @@ def main(args: argparse.Namespace) -> int:
         passes=_int_list(args.passes),
         early_stop=_early_stop_list(args.early_stop),
         shortlists=_shortlists(args.shortlist),
+        drafts=_shortlists(args.drafts),
+        confidences=[float(c) for c in args.confidence.split(",") if c.strip()],
         prompt_lookup=None if args.no_prompt_lookup else args.prompt_lookup_tokens,
         native_dflash=not args.no_native_dflash,
     )
@@ -1393,6 +1416,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--shortlist", default="none",
                    help="xPress refiner_shortlist values to run, e.g. none,64 (none: the full vocabulary); "
                    "--block-only uses the last one")
+    p.add_argument("--drafts", default="none",
+                   help="drafts per round (num_assistant_tokens) for our methods, e.g. none,2,4 (none: B-1)")
+    p.add_argument("--confidence", default="0",
+                   help="assistant_confidence_threshold values for our methods, e.g. 0,0.3 (0: off)")
     p.add_argument("--methods", help="only these methods (names or kinds: pld, assisted, native-dflash, dflash, "
                    "markov, xpress, 'xpress K=4 es'); plain always runs")
     p.add_argument("--prompt-lookup-tokens", type=int, default=PROMPT_LOOKUP_TOKENS)

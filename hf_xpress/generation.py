@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -123,6 +124,13 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         assistant_model.stats = self.stats
         self._proposed_this_round = 0
         self._verify_start = 0.0
+        # Drafts per round and where they end: the drafter's settings, as transformers reads a classic assistant's
+        # from `assistant_model.generation_config` (generate() fills the target's with defaults, so a value there
+        # cannot tell a user's choice from the default).
+        self.schedule = self.config.num_assistant_tokens_schedule
+        self.confidence_threshold = float(self.config.assistant_confidence_threshold)
+        cap = self.config.num_assistant_tokens
+        self.num_assistant_tokens = self.block_size - 1 if cap is None else max(1, min(int(cap), self.block_size - 1))
 
     def _clock(self) -> float:
         if self.device.type == "cuda":
@@ -147,7 +155,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         self._proposed_this_round = 0
         if is_first_iteration:  # the target prefills first; its features arrive with the next call
             return input_ids, None
-        num_drafts = min(self.block_size - 1, self.main_model_max_length - input_ids.shape[1] - 1)
+        num_drafts = min(self.num_assistant_tokens, self.main_model_max_length - input_ids.shape[1] - 1)
         if num_drafts <= 0:  # at most one token left: a plain target step
             return input_ids, None
         if model_outputs is None or getattr(model_outputs, "hidden_states", None) is None:
@@ -156,7 +164,8 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         start = self._clock()
         hidden = self._draft_forward(input_ids, model_outputs)
         lm_head = self.main_model_output_embeddings
-        base_logits = lm_head(hidden[:, 1:].to(lm_head.weight.device)).float()
+        # Only the slots we submit; in the target head's dtype (a bf16 drafter may serve an fp32 target).
+        base_logits = lm_head(hidden[:, 1 : 1 + num_drafts].to(lm_head.weight.device, lm_head.weight.dtype)).float()
         drafted = self._clock()
 
         noise = None
@@ -170,6 +179,8 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             noise=noise,
             logits_hook=self._logits_hook(input_ids) if self.logits_processor else None,
         )
+        if self.confidence_threshold > 0:
+            num_drafts = self._confident_prefix(proposal.tokens, proposal.logits)
         end = self._clock()
 
         self.stats.draft_time += drafted - start
@@ -181,6 +192,13 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         self._verify_start = end
         candidate_ids = torch.cat([input_ids, proposal.tokens[:, :num_drafts].to(input_ids.device)], dim=1)
         return candidate_ids, proposal.logits[:, :num_drafts]
+
+    def _confident_prefix(self, tokens: torch.LongTensor, logits: torch.Tensor) -> int:
+        """Drafts up to and including the first whose probability under `logits` (`[1, S, V]`) is below the
+        threshold (all S if none is). tokens: `[1, S]`."""
+        chosen = logits[0].log_softmax(-1).gather(-1, tokens[0, :, None])[:, 0]
+        low = (chosen < math.log(self.confidence_threshold)).nonzero()
+        return int(low[0]) + 1 if low.numel() else tokens.shape[1]
 
     def _draft_forward(self, input_ids: torch.LongTensor, model_outputs) -> torch.Tensor:
         """Add the new target features to the drafter's cache and run the block. Returns hidden `[1, B, H]`."""
@@ -226,6 +244,12 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         if self._proposed_this_round:
             self.stats.verify_time += self._clock() - self._verify_start
             self.stats.accepted.append(int(num_matches))
+            if self.schedule in ("heuristic", "heuristic_transient"):  # transformers' rule for assisted decoding
+                grow = int(num_matches) == self._proposed_this_round
+                cap = self.num_assistant_tokens + 2 if grow else self.num_assistant_tokens - 1
+                self.num_assistant_tokens = max(1, min(cap, self.block_size - 1))
+                if self.schedule == "heuristic":  # kept for the next generate call, like transformers does
+                    self.config.num_assistant_tokens = self.num_assistant_tokens
             self._proposed_this_round = 0
 
 

@@ -117,6 +117,56 @@ def test_multi_token_acceptance_eos_inside_a_block_and_context_bookkeeping(targe
     assert torch.equal(ours, plain) and plain.shape[1] < long_run.shape[1]
 
 
+@pytest.mark.parametrize("refiner", REFINERS)
+@pytest.mark.parametrize(
+    "settings",
+    [dict(num_assistant_tokens=1), dict(num_assistant_tokens=4), dict(assistant_confidence_threshold=0.05),
+     dict(num_assistant_tokens=3, num_assistant_tokens_schedule="heuristic_transient")],
+)
+def test_fewer_drafts_per_round_stay_lossless_and_respect_the_settings(target, refiner, settings):
+    drafter = tiny_drafter(target, refiner, **settings)
+    for ids in _prompts(7):
+        plain = target.generate(ids, max_new_tokens=30, do_sample=False)
+        ours = target.generate(ids, assistant_model=drafter, max_new_tokens=30, do_sample=False)
+        assert torch.equal(plain, ours), (settings, ids.shape)
+        proposed = drafter.stats.proposed
+        if "num_assistant_tokens_schedule" not in settings:
+            assert max(proposed) <= settings.get("num_assistant_tokens", 15)
+        assert all(len(d) == n for d, n in zip(drafter.stats.drafts, proposed))
+    if "assistant_confidence_threshold" in settings:
+        assert min(drafter.stats.proposed) < 15  # the threshold really cut rounds short
+
+
+def test_confidence_threshold_cuts_after_the_first_unconfident_draft(target):
+    drafter = tiny_drafter(target, "xpress", assistant_confidence_threshold=0.3)
+    generator = XPressCandidateGenerator(target, drafter, target.generation_config)
+    tokens = torch.tensor([[3, 4, 5, 6]])
+    logits = torch.full((1, 4, 8), -30.0)
+    for slot, p in enumerate([0.9, 0.5, 0.2, 0.9]):  # probability of each slot's drafted token
+        logits[0, slot, tokens[0, slot]] = 0.0
+        logits[0, slot, 0] = torch.log(torch.tensor((1 - p) / p))  # the rest of the mass on token 0
+    assert generator._confident_prefix(tokens, logits) == 3  # slot 3 (p 0.2) is the last one submitted
+    generator.confidence_threshold = 0.1
+    assert generator._confident_prefix(tokens, logits) == 4
+
+
+@pytest.mark.parametrize("schedule", ["heuristic", "heuristic_transient"])
+def test_heuristic_schedule_follows_transformers_rule(target, schedule, oracle):
+    """All drafts accepted: the cap grows by 2; otherwise it shrinks by 1 (never below 1). "heuristic" keeps the cap
+    in the drafter's config for the next call, "heuristic_transient" does not."""
+    drafter = tiny_drafter(target, "xpress", num_assistant_tokens=4, num_assistant_tokens_schedule=schedule)
+    ids = torch.randint(0, 126, (1, 9))
+    oracle["continuation"] = target.generate(ids, max_new_tokens=60, do_sample=False)[0]
+    ours = target.generate(ids, assistant_model=drafter, max_new_tokens=60, do_sample=False)
+    assert torch.equal(ours, oracle["continuation"][None])
+    stats, cap = drafter.stats, 4
+    for round_, (proposed, accepted) in enumerate(zip(stats.proposed, stats.accepted)):
+        assert proposed == cap or round_ == stats.rounds - 1  # the last round may be cut by max_new_tokens
+        cap = max(1, min(cap + 2 if accepted == proposed else cap - 1, 15))
+    assert (drafter.config.num_assistant_tokens == cap) == (schedule == "heuristic")
+    assert len(set(stats.proposed)) > 1  # the cap really moved
+
+
 def test_native_dflash_path_runs_our_drafter(target):
     drafter = tiny_drafter(target, None)
     for ids in _prompts(4):
@@ -234,12 +284,15 @@ def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     return float(((c[keep] - e[keep]) ** 2 / e[keep]).sum()), int(keep.sum()) - 1
 
 
-def _sample_counts(target, drafter, prompt, n_new, samples, **processing) -> torch.Tensor:
+def _sample_counts(target, drafter, prompt, n_new, samples, proposed=None, **processing) -> torch.Tensor:
+    """Counts of the generated n_new-token sequences, `[V] * n_new`; `proposed` (a list) collects drafts per round."""
     counts = torch.zeros([V] * n_new)
     torch.manual_seed(123)
     for _ in range(samples):
         out = target.generate(prompt, assistant_model=drafter, max_new_tokens=n_new, do_sample=True, **processing)
         counts[tuple(out[0, prompt.shape[1] :].tolist())] += 1
+        if proposed is not None:
+            proposed.extend(drafter.stats.proposed)
     return counts
 
 
@@ -249,23 +302,30 @@ def _bound(dof: int) -> float:
 
 
 @pytest.mark.parametrize(
-    "processing, shortlist, refiner",
-    [(dict(top_k=0), None, "xpress"), (dict(temperature=0.7, top_k=3), None, "xpress"), (dict(top_k=0), 2, "xpress"),
-     (dict(top_k=0), 2, "markov")],
+    "processing, shortlist, refiner, threshold",
+    [(dict(top_k=0), None, "xpress", 0.0), (dict(temperature=0.7, top_k=3), None, "xpress", 0.0),
+     (dict(top_k=0), 2, "xpress", 0.0), (dict(top_k=0), 2, "markov", 0.0), (dict(top_k=0), None, "xpress", 0.5)],
 )
-def test_sampling_keeps_the_target_distribution_and_a_biased_q_is_caught(processing, shortlist, refiner, monkeypatch):
+def test_sampling_keeps_the_target_distribution_and_a_biased_q_is_caught(
+    processing, shortlist, refiner, threshold, monkeypatch
+):
     """4 new tokens: the first from the prefill, then 2 drafts (slot 2's q depends on slot 1's token through the
     refiner) and a bonus/correction. 1500 samples; the joint of the 4 tokens (256 cells, ~70 with 5+ expected
-    samples) must match the target's exact joint; 500 samples from a sampler with the wrong q fail the same bound."""
+    samples) must match the target's exact joint; 500 samples from a sampler with the wrong q fail the same bound.
+    With a confidence threshold, whether slot 2 is proposed depends on the sampled slot 1: still exact."""
     target, drafter = _peaky_pair(seed=7, refiner=refiner)
     drafter.config.refiner_shortlist = shortlist  # 2 of the 4 tokens: drafts restricted to the drafter's top 2
+    drafter.config.assistant_confidence_threshold = threshold
     prompt = torch.tensor([[1, 2, 0]])
     exact = _exact_joint(target, prompt, 4, **processing)
-    counts = _sample_counts(target, drafter, prompt, 4, 1500, **processing)
+    proposed = []
+    counts = _sample_counts(target, drafter, prompt, 4, 1500, proposed, **processing)
     stat, dof = _chi2(counts, exact)
     assert stat < _bound(dof), (stat, dof)
     accepted = sum(drafter.stats.accepted)
     assert drafter.stats.rounds > 0
+    if threshold:  # the threshold cut some rounds to one draft, not all
+        assert 1 in proposed and 2 in proposed, sorted(set(proposed))
 
     # Power check: the same test rejects a sampler whose q is not the distribution the drafts were drawn from
     original = XPressDrafterModel.propose

@@ -45,6 +45,10 @@ def test_from_target_derives_every_target_field(target):
         (dict(num_target_layers=6, target_layer_ids=[1, 6]), r"target_layer_ids \[6\] are outside"),
         (dict(block_size=1), "block_size must be >= 2"),
         (dict(jacobi_passes=-1), "jacobi_passes must be >= 0"),
+        (dict(block_size=16, num_assistant_tokens=16), r"num_assistant_tokens must be None or in \[1, block_size - 1 = 15\]"),
+        (dict(num_assistant_tokens=0), "num_assistant_tokens must be None or in"),
+        (dict(num_assistant_tokens_schedule="adaptive"), "num_assistant_tokens_schedule must be one of"),
+        (dict(assistant_confidence_threshold=1.0), r"assistant_confidence_threshold must be in \[0, 1\)"),
     ],
 )
 def test_config_rejects_inconsistent_fields(kwargs, message):
@@ -126,6 +130,31 @@ def test_jacobi_reaches_the_sequential_decode_and_k0_is_the_drafter_argmax(sampl
     for k in range(1, B - 1):
         partial = drafter.propose(hidden, base_logits, lead, passes=k, early_stop=False, noise=noise)
         assert torch.equal(partial.tokens[:, :k], sequential[:, :k])
+
+
+@pytest.mark.parametrize(
+    "refiner, shortlist, early_stop",
+    [("xpress", None, True), ("xpress", None, False), ("xpress", 6, True), ("markov", None, True), ("markov", 6, True),
+     (None, None, True)],
+)
+def test_a_proposal_for_the_first_s_slots_is_the_full_blocks_first_s(refiner, shortlist, early_stop):
+    """Submitting fewer drafts (`num_assistant_tokens`) computes logits for S < B-1 slots only; the refiners are causal,
+    so tokens and logits equal the first S slots of the full block's proposal (greedy and sampled)."""
+    torch.manual_seed(21)
+    drafter = tiny_drafter(tiny_target("llama"), refiner, refiner_shortlist=shortlist)
+    hidden = torch.randn(1, B, 64)
+    base_logits = torch.randn(1, B - 1, 128) * 2
+    lead = torch.randint(0, 128, (1, 2))
+    noise = -torch.log(-torch.log(torch.rand(1, B - 1, 128)))
+    for sample in (None, noise):
+        full = drafter.propose(hidden, base_logits, lead, passes=4, early_stop=early_stop, noise=sample)
+        for s in (1, 2, 5, B - 2):
+            part = drafter.propose(
+                hidden, base_logits[:, :s], lead, passes=4, early_stop=early_stop,
+                noise=None if sample is None else sample[:, :s],
+            )
+            assert torch.equal(part.tokens, full.tokens[:, :s]), s
+            torch.testing.assert_close(part.logits, full.logits[:, :s])
 
 
 @pytest.mark.parametrize("passes", [1, 2, 4, 6, 15])

@@ -10,6 +10,7 @@ from transformers import PreTrainedConfig
 
 REFINERS = ("xpress", "markov", None)
 LAYER_TYPES = ("full_attention", "sliding_attention")
+DRAFT_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -52,6 +53,19 @@ class XPressDrafterConfig(PreTrainedConfig):
             logits, -inf elsewhere) are chosen among them. Cuts a pass from (B-1) x r x V to (B-1) x r x M
             multiply-adds (what bounds it on CPUs); still lossless (tokens are exact samples of the returned logits).
             None (default): the full vocabulary, as in the paper. Applies when no logits processor is active.
+        num_assistant_tokens (`int`, *optional*): drafts submitted for verification per round, at most B-1 (the
+            default, None). Fewer drafts make a round cheaper (the drafter's lm_head, the refiner and the target's
+            verify forward all shrink) and lose only what the later slots would have been accepted: the right choice
+            for a drafter whose later slots are rarely accepted. These three settings carry the names and rules of
+            transformers' assisted-decoding knobs and, as there, belong to the assistant (set them on
+            `drafter.config`; they are saved with it).
+        num_assistant_tokens_schedule (`str`): `"constant"` (default); `"heuristic"`: after a round whose drafts were
+            all accepted the cap grows by 2, otherwise it shrinks by 1 (down to 1), kept across `generate` calls in
+            this config's `num_assistant_tokens`; `"heuristic_transient"`: the same, restarted at every call.
+            Transformers' schedules for assisted decoding, with the same names and rules.
+        assistant_confidence_threshold (`float`): a round's drafts end at the first slot whose draft probability
+            (under the returned, processed logits) is below this value, that slot included (transformers'
+            `AssistantConfidenceCriteria` rule, here with a fixed threshold). 0 (default): never.
         target_model_type (`str`, *optional*): `model_type` of the target, recorded for error messages.
         layer_types (`list[str]`, *optional*): per drafter layer, `"full_attention"` (the whole context, as in the
             dFlash paper; the default) or `"sliding_attention"`: a block token at position p sees a key at position k
@@ -102,6 +116,9 @@ class XPressDrafterConfig(PreTrainedConfig):
     jacobi_passes: int = 6
     jacobi_early_stop: bool = True
     refiner_shortlist: int | None = None
+    num_assistant_tokens: int | None = None
+    num_assistant_tokens_schedule: str = "constant"
+    assistant_confidence_threshold: float = 0.0
 
     def __post_init__(self, **kwargs: Any) -> None:
         if self.target_hidden_size is None:
@@ -144,6 +161,21 @@ class XPressDrafterConfig(PreTrainedConfig):
         if self.refiner_shortlist is not None and not 1 <= self.refiner_shortlist <= self.vocab_size:
             raise ValueError(
                 f"XPressDrafterConfig: refiner_shortlist must be None or in [1, vocab_size], got {self.refiner_shortlist}."
+            )
+        if self.num_assistant_tokens is not None and not 1 <= self.num_assistant_tokens < self.block_size:
+            raise ValueError(
+                f"XPressDrafterConfig: num_assistant_tokens must be None or in [1, block_size - 1 = {self.block_size - 1}]"
+                f", got {self.num_assistant_tokens}."
+            )
+        if self.num_assistant_tokens_schedule not in DRAFT_SCHEDULES:
+            raise ValueError(
+                f"XPressDrafterConfig: num_assistant_tokens_schedule must be one of {DRAFT_SCHEDULES}, got "
+                f"{self.num_assistant_tokens_schedule!r}."
+            )
+        if not 0.0 <= self.assistant_confidence_threshold < 1.0:
+            raise ValueError(
+                "XPressDrafterConfig: assistant_confidence_threshold must be in [0, 1), got "
+                f"{self.assistant_confidence_threshold}."
             )
         if self.refiner_rank < 1 or self.refiner_mlp_ratio < 1:
             raise ValueError("XPressDrafterConfig: refiner_rank and refiner_mlp_ratio must be positive.")

@@ -600,7 +600,8 @@ class XPressDrafterModel(XPressPreTrainedModel):
     ) -> DraftProposal:
         """Draft tokens for one block.
 
-        hidden: `[1, B, H]` drafter output; base_logits: `[1, B-1, V]` float32 logits `s_k` of slots 1..B-1;
+        hidden: `[1, B, H]` drafter output; base_logits: `[1, S, V]` float32 logits `s_k` of slots 1..S (S <= B-1:
+        the refiner is causal, so the first S slots of a shorter proposal equal those of the full block's);
         lead_tokens: `[1, 2]` the token before the anchor, then the anchor. `noise` (`[1, B-1, V]` Gumbel noise,
         drawn once per block) turns every argmax into a sample; `logits_hook` applies logits processors.
 
@@ -628,15 +629,18 @@ class XPressDrafterModel(XPressPreTrainedModel):
             return DraftProposal(pick(logits, 0), logits, 0)
 
         tables = self.refiner.tables()
-        hidden_part = self.refiner.hidden_part(hidden, tables)  # once per block, like the folded mixer below
+        num_slots = base_logits.shape[1]
+        # Once per block, like the folded mixer below; from the whole block (g pools it), then cut to the S slots.
+        hidden_part = self.refiner.hidden_part(hidden, tables)[:, : num_slots + 1]
         # What one pass scores: every token (the paper), or a per-slot shortlist of the drafter's top-M tokens.
         candidates = None if shortlist is None else top_candidates(logits, min(shortlist, logits.shape[-1]))
-        if not early_stop and self._fast_refine is not None and logits_hook is None:
+        full_block = num_slots + 1 == hidden.shape[1]
+        if not early_stop and self._fast_refine is not None and logits_hook is None and full_block:
             zeros = torch.zeros_like(base_logits) if noise is None else noise
             tokens, logits = self._fast_refine(hidden_part, base_logits, lead_tokens, zeros, passes, candidates, tables)
             return DraftProposal(tokens.clone(), logits.clone(), passes)  # clone: graph outputs are reused buffers
 
-        mixer = self.refiner.mix.folded()
+        mixer = self.refiner.mix.folded()[:, : num_slots + 1, : num_slots + 1]
         if candidates is None:
             base = base_logits
             bias = lambda prev, start: self.refiner.delta(hidden_part, prev, start + 1, mixer, tables)  # noqa: E731
@@ -654,7 +658,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
 
         # The seed: the drafter's own choice (within the shortlist, which spares a second pass over the vocabulary).
         tokens = choose(seed_scores, 0)
-        num_slots, start, run = tokens.shape[1], 0, 0
+        start, run = 0, 0
         scores = base.clone()  # written in place (rows start..) below
         while run < passes and start < num_slots:
             prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)  # [1, B]: the token before each slot

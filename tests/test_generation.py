@@ -137,6 +137,15 @@ def test_fewer_drafts_per_round_stay_lossless_and_respect_the_settings(target, r
         assert min(drafter.stats.proposed) < 15  # the threshold really cut rounds short
 
 
+@pytest.mark.parametrize("refiner", REFINERS)
+def test_a_bf16_drafter_serves_an_fp32_target(target, refiner):
+    """Shipped drafters are bf16 safetensors; loaded as saved, they draft for a float32 target (still exact)."""
+    drafter = tiny_drafter(target, refiner).to(torch.bfloat16)
+    for ids in _prompts(3):
+        plain = target.generate(ids, max_new_tokens=20, do_sample=False)
+        assert torch.equal(plain, target.generate(ids, assistant_model=drafter, max_new_tokens=20, do_sample=False))
+
+
 def test_confidence_threshold_cuts_after_the_first_unconfident_draft(target):
     drafter = tiny_drafter(target, "xpress", assistant_confidence_threshold=0.3)
     generator = XPressCandidateGenerator(target, drafter, target.generation_config)

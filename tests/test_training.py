@@ -278,6 +278,43 @@ def test_feature_cache_matches_on_the_fly(tmp_path):
     torch.testing.assert_close(cached, torch.cat([feats[0], final[0]], -1), atol=0.05, rtol=0.02)
 
 
+def test_extend_appends_unlabelled_sequences_and_a_rebuilt_cache_keeps_the_labels(tmp_path):
+    """`hf-xpress data --extend`: new ids appended (known ids skipped), the labelled prefix and its order kept; the
+    labelling pass then labels only the new ones, while the feature cache (local, rebuilt on a new machine and grown
+    for the new rows) covers everything."""
+    target = tiny_llama()
+    data = tmp_path / "data"
+    ds = make_dataset(data, target, num_seqs=8)
+    before = {k: np.array(getattr(ds, k)) for k in ("tokens", "labels", "offsets", "prompt_lens")}
+    marked = np.array(ds.labels)
+    marked[:5] = (marked[:5] + 1) % V  # labels of another dtype's forward: must survive a cache rebuild
+    np.save(data / "labels.npy", marked)
+    T.label_dataset(target, data, layer_ids=[1, 4], cache_dir=str(tmp_path / "cache"), chunk=4, max_batch_tokens=128)
+    assert np.array_equal(np.load(data / "labels.npy"), marked)
+    new = [("s1", [5] * 20, 4), ("n1", [7, 8, 9] * 10, 3), ("n2", [11, 12] * 9, 2)]  # s1 exists already
+    assert T.extend_sequences(data, new, {"sources": "test2"}) == 2
+    ds = T.Dataset.load(data)
+    assert ds.num_sequences == 10 and ds.num_labelled == 8 and ds.manifest["ids"][-2:] == ["n1", "n2"]
+    assert ds.manifest["extensions"] == [{"sources": "test2", "sequences": 2, "tokens": 48}]
+    n_old = len(before["tokens"])
+    assert np.array_equal(ds.tokens[:n_old], before["tokens"]) and np.array_equal(ds.offsets[:9], before["offsets"])
+    ds = T.label_dataset(target, data, layer_ids=[1, 4], cache_dir=str(tmp_path / "cache"), chunk=4, max_batch_tokens=128)
+    assert ds.num_labelled == 10 and np.array_equal(ds.labels[:n_old], marked)
+    tok, lab, plen = ds.sequence(9)
+    with torch.no_grad():
+        feats, final = T.target_features(target, torch.from_numpy(tok.astype(np.int64))[None], [1, 4])
+    assert plen == 2 and np.array_equal(lab, target.lm_head(final)[0].argmax(-1).numpy())
+    cache = T.FeatureCache(tmp_path / "cache", int(ds.offsets[-1]), 3 * 64, [1, 4])
+    assert cache.num_done == 10
+    torch.testing.assert_close(cache.read(int(ds.offsets[9]), int(ds.offsets[10])).float(),
+                               torch.cat([feats[0], final[0]], -1), atol=0.05, rtol=0.02)
+    tok, _, _ = ds.sequence(2)  # an old row, computed before the cache grew
+    with torch.no_grad():
+        feats, final = T.target_features(target, torch.from_numpy(tok.astype(np.int64))[None], [1, 4])
+    torch.testing.assert_close(cache.read(int(ds.offsets[2]), int(ds.offsets[3])).float(),
+                               torch.cat([feats[0], final[0]], -1), atol=0.05, rtol=0.02)
+
+
 def test_data_command_writes_a_dataset_that_loads(tmp_path):
     class Tok:  # minimal chat tokenizer: one id per character
         chat_template = "x"

@@ -877,6 +877,7 @@ class Trainer:
         self.state = {"step": 0, "epoch": 0, "cursor": 0, "tokens": 0, "blocks": 0, "skipped": 0,
                       "train_seconds": 0.0, "best_tau": -1.0}
         self.history: list[dict] = []
+        self.earlier_runs = earlier_runs(cfg.init_drafter)  # read now: shipping may later overwrite that folder
         self.stop_requested = False
         self.out = Path(cfg.out)
 
@@ -1075,7 +1076,8 @@ class Trainer:
         self.accel.save_state(str(tmp))
         if self.accel.is_main_process:
             (tmp / "trainer_state.json").write_text(json.dumps({"state": self.state, "history": self.history,
-                                                                "config": asdict(self.cfg)}, indent=1))
+                                                                "config": asdict(self.cfg),
+                                                                "earlier_runs": self.earlier_runs}, indent=1))
             old = self.out / "checkpoint.old"
             if final.exists():
                 os.replace(final, old)
@@ -1093,6 +1095,7 @@ class Trainer:
         self.accel.load_state(str(final))
         saved = json.loads((final / "trainer_state.json").read_text())
         self.state, self.history = saved["state"], saved["history"]
+        self.earlier_runs = saved.get("earlier_runs", self.earlier_runs)
         return True
 
     def save_drafter(self, folder: Path) -> None:
@@ -1105,7 +1108,8 @@ class Trainer:
         model.stats = None
         model.save_pretrained(folder, safe_serialization=True)
         (folder / "training_history.json").write_text(json.dumps({"state": self.state, "history": self.history,
-                                                                  "config": asdict(self.cfg)}, indent=1))
+                                                                  "config": asdict(self.cfg),
+                                                                  "earlier_runs": self.earlier_runs}, indent=1))
 
     # ---- loop -----------------------------------------------------------------------------------------------------
 
@@ -1345,11 +1349,35 @@ def _count_parameters(folder: Path) -> int:
         return sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
 
 
-def _warm_start_line(cfg: dict, state: dict) -> str:
+def earlier_runs(init_drafter: str | None) -> list[dict]:
+    """The runs behind a warm start, oldest first: those recorded in `init_drafter`'s `training_history.json`, then
+    that run itself (steps, tokens, seconds, and where it started from). Empty without a history."""
+    history = Path(init_drafter) / "training_history.json" if init_drafter else None
+    if history is None or not history.exists():
+        return []
+    prev = json.loads(history.read_text())
+    run = {key: prev["state"][key] for key in ("step", "tokens", "train_seconds")}
+    run.update(folder=str(init_drafter), init_drafter=prev["config"].get("init_drafter"), lr=prev["config"]["lr"])
+    return prev.get("earlier_runs", []) + [run]
+
+
+def _warm_start_line(cfg: dict, state: dict, earlier: list[dict] | None = None) -> str:
     """A model-card line for a run that started from an earlier run's drafter (`--init-drafter`), with the totals."""
     init = cfg.get("init_drafter")
     if not init:
         return ""
+    if earlier:
+        runs = earlier + [dict(state, folder="this run")]
+        parts = [f"{r['step']} steps, {r['tokens']} tokens, {r['train_seconds'] / 60:.1f} min" for r in runs]
+        first = earlier[0].get("init_drafter")
+        return (
+            f"- **Warm start**: this run started from `{init}`; the recorded runs behind it, oldest first: "
+            + "; ".join(parts)
+            + f" (total {sum(r['step'] for r in runs)} steps, {sum(r['tokens'] for r in runs)} training tokens, "
+            f"{sum(r['train_seconds'] for r in runs) / 60:.1f} minutes"
+            + (f"; the oldest recorded run itself started from `{first}`, not recorded here" if first else "")
+            + ").\n"
+        )
     line = f"- **Warm start**: this run started from `{init}`"
     history = Path(init) / "training_history.json"
     if history.exists():
@@ -1416,7 +1444,7 @@ def ship_main(args: argparse.Namespace) -> int:
 - **Budget**: {state['step']} steps x {cfg['batch_size']} sequences x {cfg['anchors_per_seq']} anchors = {state['blocks']} blocks,
   {state['tokens']} training tokens (target tokens read), {state['train_seconds'] / 60:.1f} minutes of training on 1 shared CPU
   thread ({cfg['mixed_precision']} autocast); AdamW lr {cfg['lr']}, cosine, {cfg['warmup']:.0%} warm-up, clip {cfg['clip']}; {state['skipped']} skipped steps.
-{_warm_start_line(cfg, state)}- **Shipped checkpoint**: `{args.checkpoint}`, step {shipped_step}{f" (best held-out tau_est of the run: {best['tau_est']:.3f} at step {best['step']})" if best else ''}.
+{_warm_start_line(cfg, state, saved.get("earlier_runs"))}- **Shipped checkpoint**: `{args.checkpoint}`, step {shipped_step}{f" (best held-out tau_est of the run: {best['tau_est']:.3f} at step {best['step']})" if best else ''}.
 
 Learning curve (held-out: loss on the training vocabulary; per-slot greedy acceptance of the inference-time drafts,
 full vocabulary, against the target's argmax; tau_est = 1 + sum_k prod_(j<=k) acc_j; tau_block = 1 + mean leading run of

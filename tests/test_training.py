@@ -369,6 +369,28 @@ def test_lora_attach_trains_refiner_and_saves_a_plain_drafter(tmp_path):
     assert changed  # the LoRA updates were merged into the drafter's own weights
 
 
+def test_warm_start_chain_is_recorded_for_the_model_card(tmp_path):
+    """Run C starts from B's folder, B from A's: C's history lists A and B (read when C starts, so shipping C over
+    B's folder later loses nothing), and the card line gives every run and the totals."""
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target)
+    a = T.Trainer(_cfg(data, tmp_path / "a", max_steps=2, eval_every=0), target=target)
+    a.run()
+    T.Trainer(_cfg(data, tmp_path / "b", max_steps=3, eval_every=0, init_drafter=str(tmp_path / "a" / "final")),
+              target=target).run()
+    c = T.Trainer(_cfg(data, tmp_path / "c", max_steps=1, eval_every=0, init_drafter=str(tmp_path / "b" / "final")),
+                  target=target)
+    c.run()
+    saved = json.loads((tmp_path / "c" / "final" / "training_history.json").read_text())
+    runs = saved["earlier_runs"]
+    assert [r["step"] for r in runs] == [2, 3] and runs[1]["init_drafter"] == str(tmp_path / "a" / "final")
+    line = T._warm_start_line(saved["config"], saved["state"], runs)
+    assert "2 steps" in line and "3 steps" in line and "1 steps" in line and "total 6 steps" in line
+    tokens = sum(r["tokens"] for r in runs) + saved["state"]["tokens"]
+    assert f"{tokens} training tokens" in line and "not recorded" not in line
+
+
 def test_measure_tau_is_lossless_and_pools_rounds(monkeypatch):
     from hf_xpress import assets
 

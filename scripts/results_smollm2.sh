@@ -3,6 +3,7 @@
 #
 #   bash scripts/results_smollm2.sh block   # per-block latency, full vocabulary and refiner_shortlist=64
 #   bash scripts/results_smollm2.sh bf16    # end to end, bf16, greedy and T = 1, every method
+#   bash scripts/results_smollm2.sh drafts  # end to end, bf16, greedy: drafts per round and confidence threshold
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +21,12 @@ case "${1:-all}" in
     hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 \
       --temperature 0 --temperature 1 --passes 2,4,6 --early-stop on --shortlist none,64 --dtype bfloat16 \
       --threads 2 --out results/smollm2-bf16-s2
+    ;;&
+  drafts|all)
+    # Drafts per round (num_assistant_tokens) and the confidence threshold, greedy, bf16 (third session).
+    hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 0 \
+      --passes 2 --early-stop on --shortlist 64 --drafts none,2,4 --confidence 0,0.2 --no-native-dflash \
+      --dtype bfloat16 --threads 2 --out results/smollm2-bf16-drafts
     ;;&
   fp32|all)
     hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 2 --max-new-tokens 64 --passes 4 \

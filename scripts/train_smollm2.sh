@@ -8,6 +8,9 @@
 #   bash scripts/train_smollm2.sh lora      # part 5: LoRA-attach xPress to the dFlash drafter
 #   bash scripts/train_smollm2.sh continue  # second run: all data labelled, each drafter continues from its first run
 #   bash scripts/train_smollm2.sh ship2     # measure and ship the second run's drafters
+#   bash scripts/train_smollm2.sh extend    # third run's data: more ShareGPT + stdlib appended, labelled in bf16
+#   bash scripts/train_smollm2.sh continue3 # third run: each shipped drafter continues on the extended data
+#   bash scripts/train_smollm2.sh ship3     # measure and ship the third run's drafters
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -73,6 +76,29 @@ case "${1:-all}" in
     ;;
   ship2)
     measure_and_ship -2
+    ;;
+  extend)
+    # Third run's data: more ShareGPT conversations (the next 3,000) and stdlib chunks (up to 1,500; the first 700
+    # are present already and skipped), appended to the committed set and labelled by a bf16 target forward (~3x
+    # faster on this CPU than fp32). The same pass rebuilds the local feature cache of the existing sequences,
+    # whose committed fp32 labels are kept.
+    hf-xpress data --target "$TARGET" --extend --source sharegpt,stdlib --skip-prompts 1500 --num-prompts 3000 \
+      --num-code 1500 --seed 1 --dtype bfloat16 --out "$DATA" --layer-ids "$LAYER_IDS" --feature-cache "$CACHE" \
+      --threads 2 ${MAX_SECONDS:+--max-seconds $MAX_SECONDS}
+    ;;
+  continue3)
+    # Third run: each shipped drafter (second run) continues on the extended data, the same budget for all three.
+    mkdir -p runs
+    declare -A SHIPPED=([none]=dflash [markov]=markov [xpress]=xpress)
+    for refiner in none markov xpress; do
+      hf-xpress train "${COMMON[@]}" --refiner "$refiner" --init-drafter "drafters/smollm2-135m-${SHIPPED[$refiner]}-b16" \
+        --lr 6e-4 --max-steps "${CONTINUE_STEPS:-1500}" ${MAX_SECONDS:+--max-seconds $MAX_SECONDS} \
+        --out "runs/smollm2-$refiner-3" > "runs/smollm2-$refiner-3.log" 2>&1 &
+    done
+    wait
+    ;;
+  ship3)
+    measure_and_ship -3
     ;;
   lora)
     # Part 5: attach xPress to the trained dFlash drafter (LoRA r=16 on its layers and fc, refiner trained fully).

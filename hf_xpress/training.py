@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from .modeling_xpress import XPressDrafterModel, XPressMarkovHead, XPressRefiner
+from .configuration_xpress import XPressDrafterConfig
 
 # ====================================================================================================================
 # 1. Data
@@ -1404,6 +1405,7 @@ def ship_main(args: argparse.Namespace) -> int:
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(src, out)
+    inference = _set_inference_defaults(out, args.set or [])
     saved = json.loads((out / "training_history.json").read_text())
     shipped_step = saved["state"]["step"]
     whole_run = run / "checkpoint" / "trainer_state.json"  # the full run's budget and learning curve
@@ -1413,6 +1415,11 @@ def ship_main(args: argparse.Namespace) -> int:
     manifest = json.loads((Path(cfg["data"]) / "manifest.json").read_text())
     data = Dataset.load(cfg["data"])
     labelled_tokens = int(data.offsets[data.num_labelled])
+    extended = "".join(
+        f" Extended with `{e['sources']}` (seed {e['seed']}, ShareGPT conversations {e['skip_prompts']}+ , up to "
+        f"{e['num_code']} stdlib chunks): {e['sequences']} sequences, {e['tokens']} tokens, labelled in {e['label_dtype']}."
+        for e in manifest.get("extensions", [])
+    )
     results: dict[str, dict[str, float]] = {}
     identical: list[str] = []
     for item in args.tau or []:
@@ -1435,7 +1442,7 @@ def ship_main(args: argparse.Namespace) -> int:
   `{manifest['sources']}`, seed {manifest['seed']}: ShareGPT first exchanges with their existing responses and Python
   standard-library source shown as code blocks, chat template applied, max {manifest['max_len']} tokens), labelled by
   one teacher-forced target forward (targets = the target's own next-token distribution and argmax at each
-  position). Every {cfg['heldout_every']}th sequence held out ({min(cfg['heldout_seqs'], len(range(0, data.num_labelled, cfg['heldout_every'])))} used for evaluation).
+  position).{extended} Every {cfg['heldout_every']}th sequence held out ({min(cfg['heldout_seqs'], len(range(0, data.num_labelled, cfg['heldout_every'])))} used for evaluation).
 - **Drafter**: {cfg['layers']} layers, target layers {cfg['layer_ids']}, block {cfg['block_size']}, refiner
   `{refiner}` (rank {cfg['refiner_rank']}); {_count_parameters(out) / 1e6:.2f}M parameters stored as bf16 safetensors.
 - **Objective**: {'dFlash CE against the target argmax' if refiner is None else ('teacher-forced + 0.6 x drafter-anchor' if refiner == 'markov' else 'teacher-forced + 0.3 x mean of 3 free-running Jacobi rounds + 0.6 x drafter-anchor')}{'' if refiner is None else ', each 0.1 x CE + 0.9 x TV(q, p_target)'}, slot weights exp(-(k-1)/{cfg['gamma']}).
@@ -1444,7 +1451,7 @@ def ship_main(args: argparse.Namespace) -> int:
 - **Budget**: {state['step']} steps x {cfg['batch_size']} sequences x {cfg['anchors_per_seq']} anchors = {state['blocks']} blocks,
   {state['tokens']} training tokens (target tokens read), {state['train_seconds'] / 60:.1f} minutes of training on 1 shared CPU
   thread ({cfg['mixed_precision']} autocast); AdamW lr {cfg['lr']}, cosine, {cfg['warmup']:.0%} warm-up, clip {cfg['clip']}; {state['skipped']} skipped steps.
-{_warm_start_line(cfg, state, saved.get("earlier_runs"))}- **Shipped checkpoint**: `{args.checkpoint}`, step {shipped_step}{f" (best held-out tau_est of the run: {best['tau_est']:.3f} at step {best['step']})" if best else ''}.
+{_warm_start_line(cfg, state, saved.get("earlier_runs"))}{inference}- **Shipped checkpoint**: `{args.checkpoint}`, step {shipped_step}{f" (best held-out tau_est of the run: {best['tau_est']:.3f} at step {best['step']})" if best else ''}.
 
 Learning curve (held-out: loss on the training vocabulary; per-slot greedy acceptance of the inference-time drafts,
 full vocabulary, against the target's argmax; tau_est = 1 + sum_k prod_(j<=k) acc_j; tau_block = 1 + mean leading run of
@@ -1467,12 +1474,34 @@ correct drafts):
     return 0
 
 
+INFERENCE_SETTINGS = ("jacobi_passes", "jacobi_early_stop", "refiner_shortlist", "num_assistant_tokens",
+                      "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+
+
+def _set_inference_defaults(folder: Path, assignments: list[str]) -> str:
+    """Apply `KEY=VALUE` inference settings (JSON values) to the shipped config; returns the model-card line."""
+    if not assignments:
+        return ""
+    config = XPressDrafterConfig.from_pretrained(folder)
+    for item in assignments:
+        key, sep, value = item.partition("=")
+        if not sep or key not in INFERENCE_SETTINGS:
+            raise ValueError(f"--set takes KEY=VALUE with KEY one of {INFERENCE_SETTINGS}, got {item!r}")
+        setattr(config, key, json.loads(value))
+    config.validate_xpress()
+    config.save_pretrained(folder)
+    chosen = ", ".join(f"`{a}`" for a in assignments)
+    return f"- **Inference defaults** set in `config.json` (measured in the repository's benchmarks): {chosen}.\n"
+
+
 def add_ship_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("ship", help="copy a run's drafter into a folder and write its model card")
     p.add_argument("--run", required=True)
     p.add_argument("--checkpoint", default="best", choices=["best", "final"])
     p.add_argument("--out", required=True)
     p.add_argument("--tau", action="append", help="METHOD=tau.json (repeat: one per compared drafter)")
+    p.add_argument("--set", action="append", help="inference default in the shipped config, KEY=JSON_VALUE "
+                   f"(repeatable; KEY one of {', '.join(INFERENCE_SETTINGS)})")
     p.add_argument("--limit", type=int, default=10)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--limitations", default=(

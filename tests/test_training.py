@@ -391,6 +391,36 @@ def test_warm_start_chain_is_recorded_for_the_model_card(tmp_path):
     assert f"{tokens} training tokens" in line and "not recorded" not in line
 
 
+def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target)
+    manifest = json.loads((data / "manifest.json").read_text())
+    (data / "manifest.json").write_text(json.dumps(dict(manifest, seed=0, max_len=64)))  # what `hf-xpress data` records
+    T.extend_sequences(data, [("n1", [7, 8, 9] * 10, 3)], {"sources": "more", "seed": 1, "skip_prompts": 5,
+                                                          "num_code": 0, "label_dtype": "bfloat16"})
+    T.label_dataset(target, data, layer_ids=None, cache_dir=None, chunk=8, max_batch_tokens=256)
+    T.Trainer(_cfg(data, tmp_path / "run", max_steps=2, eval_every=2), target=target).run()
+    tau = tmp_path / "tau.json"
+    tau.write_text(json.dumps({"_setup": {"limit": 2, "max_new_tokens": 16},
+                               "humaneval": {"tau": 1.5, "identical_to_greedy": 2, "prompts": 2}}))
+    out = tmp_path / "shipped"
+    args = argparse.Namespace(run=str(tmp_path / "run"), checkpoint="best", out=str(out), tau=[f"xPress={tau}"],
+                              limit=10, max_new_tokens=128, limitations="small", set=["num_assistant_tokens=2",
+                                                                                       "refiner_shortlist=64"])
+    assert T.ship_main(args) == 0
+    loaded = XPressDrafterModel.from_pretrained(out)
+    assert loaded.config.num_assistant_tokens == 2 and loaded.config.refiner_shortlist == 64
+    card = (out / "README.md").read_text()
+    assert "`num_assistant_tokens=2`" in card and "1.5" in card and "labelled in bfloat16" in card
+    bad = argparse.Namespace(**{**vars(args), "set": ["block_size=8"]})
+    with pytest.raises(ValueError, match="--set takes KEY=VALUE with KEY one of"):
+        T.ship_main(bad)
+    bad = argparse.Namespace(**{**vars(args), "set": ["num_assistant_tokens=99"]})
+    with pytest.raises(ValueError, match="num_assistant_tokens must be None or in"):
+        T.ship_main(bad)
+
+
 def test_measure_tau_is_lossless_and_pools_rounds(monkeypatch):
     from hf_xpress import assets
 

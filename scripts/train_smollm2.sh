@@ -38,9 +38,19 @@ measure_and_ship() {
   wait
   local taus=(--tau "dFlash=results/training/tau-none$suffix.json" --tau "+ Markov=results/training/tau-markov$suffix.json"
               --tau "+ xPress=results/training/tau-xpress$suffix.json")
-  python -m hf_xpress.training ship --run "runs/smollm2-none$suffix" --out drafters/smollm2-135m-dflash-b16 "${taus[@]}"
-  python -m hf_xpress.training ship --run "runs/smollm2-markov$suffix" --out drafters/smollm2-135m-markov-b16 "${taus[@]}"
-  python -m hf_xpress.training ship --run "runs/smollm2-xpress$suffix" --out drafters/smollm2-135m-xpress-b16 "${taus[@]}"
+  # From the third run on, the folders carry the inference settings measured best on this CPU
+  # (results/smollm2-bf16-drafts: 2 drafts per round; shortlist 64; xPress K = 2 with early stop, threshold 0.2).
+  local dflash=() markov=() xpress=()
+  if [[ $suffix != "" && $suffix != "-2" ]]; then
+    dflash=(--set num_assistant_tokens=2)
+    markov=(--set num_assistant_tokens=2 --set refiner_shortlist=64)
+    xpress=(--set num_assistant_tokens=2 --set refiner_shortlist=64 --set jacobi_passes=2
+            --set assistant_confidence_threshold=0.2)
+  fi
+  python -m hf_xpress.training ship --run "runs/smollm2-none$suffix" --out drafters/smollm2-135m-dflash-b16 "${taus[@]}" ${dflash[@]+"${dflash[@]}"}
+  python -m hf_xpress.training ship --run "runs/smollm2-markov$suffix" --out drafters/smollm2-135m-markov-b16 "${taus[@]}" ${markov[@]+"${markov[@]}"}
+  python -m hf_xpress.training ship --run "runs/smollm2-xpress$suffix" --out drafters/smollm2-135m-xpress-b16 "${taus[@]}" ${xpress[@]+"${xpress[@]}"}
+  for d in drafters/*/; do cp hf_xpress/configuration_xpress.py hf_xpress/modeling_xpress.py "$d"; done
 }
 
 case "${1:-all}" in

@@ -40,7 +40,8 @@ def test_greedy_is_exactly_plain_generate_on_real_prompts(smollm2):
     prompts = _chat_ids(tokenizer, load_prompts("humaneval", limit=2) + load_prompts("mtbench", limit=2))
     prompts.append(torch.tensor([[tokenizer.bos_token_id or 1]]))  # a one-token prompt
     for name, drafter in _drafters(model).items():
-        for ids in prompts:
+        # untrained drafters accept almost nothing (one code path): a real prompt and the one-token prompt suffice
+        for ids in prompts if not name.startswith("random-") else [prompts[0], prompts[-1]]:
             plain = model.generate(ids, max_new_tokens=24, do_sample=False)
             ours = model.generate(ids, assistant_model=drafter.eval(), max_new_tokens=24, do_sample=False)
             assert torch.equal(plain, ours), (name, tokenizer.decode(ids[0]))

@@ -51,6 +51,8 @@ from typing import Any
 
 import torch
 
+from .configuration_xpress import INFERENCE_SETTINGS
+
 PLAIN = "plain"
 DEFAULT_PASSES = (1, 2, 4, 6, 8)
 DEFAULT_SETS = ("humaneval", "mtbench", "math500")
@@ -119,7 +121,7 @@ class Method:
     def describe(self) -> dict:
         out = {"name": self.name, "kind": self.kind, "label": self.label}
         if self.kind == "xpress":
-            out.update(passes=self.passes, early_stop=self.early_stop, shortlist=self.shortlist)
+            out.update(passes=self.passes, early_stop=self.early_stop)
         if self.ours:
             out.update(shortlist=self.shortlist, drafts=self.drafts, confidence=self.confidence)
         if self.model is not None and getattr(self.model, "config", None) is not None:
@@ -308,9 +310,7 @@ def _drafter_settings(method: Method):
         yield
         return
     cfg = method.model.config
-    names = ("jacobi_passes", "jacobi_early_stop", "refiner_shortlist", "num_assistant_tokens",
-             "num_assistant_tokens_schedule", "assistant_confidence_threshold")
-    saved = {name: getattr(cfg, name) for name in names}
+    saved = {name: getattr(cfg, name) for name in INFERENCE_SETTINGS}
     if method.kind == "xpress":
         cfg.jacobi_passes, cfg.jacobi_early_stop = method.passes, method.early_stop
     cfg.refiner_shortlist = method.shortlist
@@ -1297,8 +1297,8 @@ def _load_sets(names: Sequence[str], limit: int | None, target, tokenizer, max_n
     return sets
 
 
-def _shortlists(text: str) -> list[int | None]:
-    """"64,none" -> [64, None] (also used for --drafts)."""
+def _optional_ints(text: str) -> list[int | None]:
+    """"64,none" -> [64, None] (--shortlist, --drafts)."""
     return [None if v.strip().lower() == "none" else int(v) for v in text.split(",") if v.strip()]
 
 
@@ -1319,7 +1319,7 @@ def main(args: argparse.Namespace) -> int:
     if args.block_only or args.block_latency:
         xp = next((d for _, d in drafters if d.config.refiner == "xpress"), drafters[0][1] if drafters else None)
         overrides = {} if xp is not None else {"num_hidden_layers": args.block_layers, "refiner_rank": args.block_rank}
-        block_shortlist = _shortlists(args.shortlist)[-1]  # the last --shortlist value (none: full vocabulary)
+        block_shortlist = _optional_ints(args.shortlist)[-1]  # the last --shortlist value (none: full vocabulary)
         if xp is not None:
             xp.config.refiner_shortlist = block_shortlist
         else:
@@ -1348,8 +1348,8 @@ def main(args: argparse.Namespace) -> int:
         assistant=assistant,
         passes=_int_list(args.passes),
         early_stop=_early_stop_list(args.early_stop),
-        shortlists=_shortlists(args.shortlist),
-        drafts=_shortlists(args.drafts),
+        shortlists=_optional_ints(args.shortlist),
+        drafts=_optional_ints(args.drafts),
         confidences=[float(c) for c in args.confidence.split(",") if c.strip()],
         prompt_lookup=None if args.no_prompt_lookup else args.prompt_lookup_tokens,
         native_dflash=not args.no_native_dflash,

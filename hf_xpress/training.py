@@ -45,8 +45,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .configuration_xpress import INFERENCE_SETTINGS, XPressDrafterConfig
 from .modeling_xpress import XPressDrafterModel, XPressMarkovHead, XPressRefiner
-from .configuration_xpress import XPressDrafterConfig
 
 # ====================================================================================================================
 # 1. Data
@@ -395,7 +395,8 @@ def label_dataset(target: Any, folder: Path, *, layer_ids: list[int] | None, cac
             for r, i in enumerate(batch):
                 ids[r, : lengths[r]] = torch.from_numpy(ds.tokens[ds.offsets[i] : ds.offsets[i + 1]].astype(np.int64))
             feats, final = target_features(target, ids.to(target.device), layer_ids or [])
-            argmax = lm_head(final).argmax(-1).cpu()
+            # the lm_head over every position only where a label is still missing (not on a cache rebuild)
+            argmax = lm_head(final).argmax(-1).cpu() if max(batch) >= labelled else None
             for r, i in enumerate(batch):
                 a = int(ds.offsets[i])
                 if i >= labelled:
@@ -1363,34 +1364,27 @@ def earlier_runs(init_drafter: str | None) -> list[dict]:
 
 
 def _warm_start_line(cfg: dict, state: dict, earlier: list[dict] | None = None) -> str:
-    """A model-card line for a run that started from an earlier run's drafter (`--init-drafter`), with the totals."""
+    """A model-card line for a run that started from an earlier run's drafter (`--init-drafter`), with the totals.
+
+    `earlier`: the runs recorded at the start of training (`earlier_runs`); None for a history written before runs
+    were recorded, whose `init_drafter` folder is then read now."""
     init = cfg.get("init_drafter")
     if not init:
         return ""
-    if earlier:
-        runs = earlier + [dict(state, folder="this run")]
-        parts = [f"{r['step']} steps, {r['tokens']} tokens, {r['train_seconds'] / 60:.1f} min" for r in runs]
-        first = earlier[0].get("init_drafter")
-        return (
-            f"- **Warm start**: this run started from `{init}`; the recorded runs behind it, oldest first: "
-            + "; ".join(parts)
-            + f" (total {sum(r['step'] for r in runs)} steps, {sum(r['tokens'] for r in runs)} training tokens, "
-            f"{sum(r['train_seconds'] for r in runs) / 60:.1f} minutes"
-            + (f"; the oldest recorded run itself started from `{first}`, not recorded here" if first else "")
-            + ").\n"
-        )
-    line = f"- **Warm start**: this run started from `{init}`"
-    history = Path(init) / "training_history.json"
-    if history.exists():
-        prev = json.loads(history.read_text())
-        p_cfg, p_state = prev["config"], prev["state"]
-        line += (
-            f" ({p_state['step']} steps, {p_state['tokens']} training tokens, {p_state['train_seconds'] / 60:.1f} minutes, "
-            f"lr {p_cfg['lr']}{', itself warm-started' if p_cfg.get('init_drafter') else ''}); both runs together: "
-            f"{p_state['step'] + state['step']} steps, {p_state['tokens'] + state['tokens']} training tokens, "
-            f"{(p_state['train_seconds'] + state['train_seconds']) / 60:.1f} minutes"
-        )
-    return line + ".\n"
+    earlier = earlier_runs(init) if earlier is None else earlier
+    if not earlier:
+        return f"- **Warm start**: this run started from `{init}`.\n"
+    runs = earlier + [dict(state, lr=cfg["lr"])]
+    parts = [f"{r['step']} steps, {r['tokens']} tokens, {r['train_seconds'] / 60:.1f} min, lr {r['lr']}" for r in runs]
+    first = earlier[0].get("init_drafter")
+    return (
+        f"- **Warm start**: this run started from `{init}`; the recorded runs behind it, oldest first, then this one: "
+        + "; ".join(parts)
+        + f" (total {sum(r['step'] for r in runs)} steps, {sum(r['tokens'] for r in runs)} training tokens, "
+        f"{sum(r['train_seconds'] for r in runs) / 60:.1f} minutes"
+        + (f"; the oldest recorded run itself started from `{first}`, not recorded here" if first else "")
+        + ").\n"
+    )
 
 
 def ship_main(args: argparse.Namespace) -> int:
@@ -1472,10 +1466,6 @@ correct drafts):
                      limitations=args.limitations)
     print(f"[ship] {out}: {sum(f.stat().st_size for f in out.iterdir()) / 1e6:.1f} MB")
     return 0
-
-
-INFERENCE_SETTINGS = ("jacobi_passes", "jacobi_early_stop", "refiner_shortlist", "num_assistant_tokens",
-                      "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 
 
 def _set_inference_defaults(folder: Path, assignments: list[str]) -> str:

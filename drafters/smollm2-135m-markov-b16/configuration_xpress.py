@@ -11,6 +11,9 @@ from transformers import PreTrainedConfig
 REFINERS = ("xpress", "markov", None)
 LAYER_TYPES = ("full_attention", "sliding_attention")
 DRAFT_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+# Settings that change how a drafter drafts, not what it is: safe to change on a trained drafter.
+INFERENCE_SETTINGS = ("jacobi_passes", "jacobi_early_stop", "refiner_shortlist", "num_assistant_tokens",
+                      "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

@@ -4,7 +4,8 @@
 
 Training labels are those of the training split (every 25th sequence is held out, as in `hf-xpress train`),
 counted over the response positions; printed for the first 512 labelled sequences (the first run), the first
-1,836 (the second run) and all.
+1,836 (the second run) and all. Also: how often the text's own next token equals the target's argmax label, over
+the response positions of the second run's sequences and of those added after them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,20 @@ def seen_labels(data: str, num_sequences: int, heldout_every: int = 25) -> set[i
     return seen
 
 
+def text_agreement(data: str, lo: int, hi: int) -> tuple[int, int]:
+    """(positions where the response token equals the label of the position before it, response positions)."""
+    tokens = np.load(f"{data}/tokens.npy")
+    labels = np.load(f"{data}/labels.npy")
+    offsets = np.load(f"{data}/offsets.npy")
+    prompt_lens = np.load(f"{data}/prompt_lens.npy")
+    agree = total = 0
+    for i in range(lo, hi):
+        a, b, p = offsets[i], offsets[i + 1], prompt_lens[i]
+        agree += int((tokens[a + p : b] == labels[a + p - 1 : b - 1]).sum())
+        total += int(b - a - p)
+    return agree, total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", default="data/smollm2-label")
@@ -40,6 +55,10 @@ def main() -> None:
             tokens = [t for out in outputs.values() for t in out]
             shares.append(f"{name} {sum(t not in seen for t in tokens) / len(tokens):.1%} of {len(tokens)}")
         print(f"{n} sequences ({len(seen)} distinct labels): " + ", ".join(shares))
+    for lo, hi in ((0, min(1836, labelled)), (1836, labelled)):
+        if hi > lo:
+            agree, total = text_agreement(args.data, lo, hi)
+            print(f"sequences {lo}-{hi - 1}: text == target argmax at {agree / total:.1%} of {total} response positions")
 
 
 if __name__ == "__main__":

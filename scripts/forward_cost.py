@@ -1,6 +1,7 @@
-"""Raw costs behind docs/benchmarks.md and docs/training.md, SmolLM2-135M-Instruct on this machine's CPU.
+"""Raw costs behind docs/benchmarks.md and docs/training.md: a target and a drafter on this machine's CPU.
 
     python scripts/forward_cost.py [--threads 2] [--context 300] [--drafter drafters/smollm2-135m-xpress-b16]
+    python scripts/forward_cost.py --target qwen2.5-coder-1.5b-instruct --dtypes bfloat16 --drafter untrained:2
 
 1. Target prefill over 512 tokens in bf16 and fp32 (tokens/s): what labelling data costs per dtype.
 2. Target forward over n new tokens after `--context` cached tokens, n = 1..16 (median ms): what verifying n
@@ -33,9 +34,9 @@ def median_ms(fn, repeats: int) -> float:
 
 
 @torch.no_grad()
-def target_costs(path: str, context: int, repeats: int) -> None:
+def target_costs(path: str, context: int, repeats: int, dtypes: list[torch.dtype]) -> None:
     ids = torch.randint(100, 40000, (1, 512))
-    for dtype in (torch.bfloat16, torch.float32):
+    for dtype in dtypes:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
         model(ids)  # warm-up
         print(f"{dtype}: prefill 512 tokens {512 / (median_ms(lambda: model(ids), 3) / 1e3):.0f} tok/s")
@@ -53,9 +54,16 @@ def target_costs(path: str, context: int, repeats: int) -> None:
 
 
 @torch.no_grad()
-def drafter_cost(folder: str, context: int, repeats: int) -> None:
+def drafter_cost(folder: str, target_path: str, context: int, repeats: int) -> None:
+    """`folder` is a saved drafter, or "untrained:N": N layers sized for the target (the cost needs no weights)."""
     torch.set_num_threads(1)
-    drafter = XPressDrafterModel.from_pretrained(folder, dtype=torch.bfloat16).eval()
+    if folder.startswith("untrained:"):
+        target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.bfloat16)
+        drafter = XPressDrafterModel.from_target(target, refiner="xpress", num_hidden_layers=int(folder[10:]))
+        drafter = drafter.to(torch.bfloat16).eval()
+        del target
+    else:
+        drafter = XPressDrafterModel.from_pretrained(folder, dtype=torch.bfloat16).eval()
     cfg = drafter.config
     width = len(cfg.target_layer_ids) * cfg.target_hidden_size
     block = torch.randn(1, cfg.block_size, cfg.hidden_size, dtype=torch.bfloat16)
@@ -80,11 +88,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=12)
-    parser.add_argument("--drafter", default="drafters/smollm2-135m-xpress-b16")
+    parser.add_argument("--target", default="smollm2-135m-instruct", help="alias, local folder or Hub id")
+    parser.add_argument("--dtypes", default="bfloat16,float32")
+    parser.add_argument("--drafter", default="drafters/smollm2-135m-xpress-b16",
+                        help='a saved drafter, "untrained:N" (N layers sized for the target) or "none"')
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    target_costs(resolve_target("smollm2-135m-instruct"), args.context, args.repeats)
-    drafter_cost(args.drafter, args.context, 3 * args.repeats)
+    target = resolve_target(args.target)
+    target_costs(target, args.context, args.repeats, [getattr(torch, d) for d in args.dtypes.split(",")])
+    if args.drafter != "none":
+        drafter_cost(args.drafter, target, args.context, 3 * args.repeats)
 
 
 if __name__ == "__main__":

@@ -100,10 +100,12 @@ case "${1:-all}" in
     # Third run: each shipped drafter (second run) continues on the extended data, the same budget for all three.
     mkdir -p runs
     declare -A SHIPPED=([none]=dflash [markov]=markov [xpress]=xpress)
-    for refiner in none markov xpress; do
+    # Run again to resume: finished runs are skipped, the others continue from their checkpoint (logs appended).
+    for refiner in ${REFINERS:-none markov xpress}; do
+      [[ -d "runs/smollm2-$refiner-3/final" ]] && continue
       hf-xpress train "${COMMON[@]}" --refiner "$refiner" --init-drafter "drafters/smollm2-135m-${SHIPPED[$refiner]}-b16" \
-        --lr 6e-4 --max-steps "${CONTINUE_STEPS:-1500}" ${MAX_SECONDS:+--max-seconds $MAX_SECONDS} \
-        --out "runs/smollm2-$refiner-3" > "runs/smollm2-$refiner-3.log" 2>&1 &
+        --lr 6e-4 --max-steps "${CONTINUE_STEPS:-1000}" ${MAX_SECONDS:+--max-seconds $MAX_SECONDS} \
+        --out "runs/smollm2-$refiner-3" >> "runs/smollm2-$refiner-3.log" 2>&1 &
     done
     wait
     ;;

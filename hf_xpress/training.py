@@ -809,6 +809,7 @@ class TrainConfig:
     lora: bool = False  # train the drafter through LoRA adapters, the refiner fully (needs init_drafter)
     lora_rank: int = 16
     layers: int = 3
+    intermediate_size: int | None = None  # the drafter's MLP width (default: the target's)
     layer_ids: list[int] | None = None
     block_size: int = 16
     mask_token_id: int | None = None
@@ -909,6 +910,8 @@ class Trainer:
                 overrides["target_layer_ids"] = list(cfg.layer_ids)
             if cfg.mask_token_id is not None:
                 overrides["mask_token_id"] = cfg.mask_token_id
+            if cfg.intermediate_size is not None:
+                overrides["intermediate_size"] = cfg.intermediate_size
             drafter = XPressDrafterModel.from_target(self.target, refiner=cfg.refiner, **overrides)
         drafter = drafter.float().train()
         if self.vocab is not None and drafter.refiner is not None and fresh_refiner:
@@ -1208,7 +1211,7 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-rank", dest="lora_rank", type=int, default=d.lora_rank)
     for name in ("layers", "block_size", "refiner_rank", "train_vocab", "eval_anchors", "anchors_per_seq", "batch_size", "grad_accum", "max_steps",
                  "seed", "heldout_every", "heldout_seqs", "eval_every", "save_every", "threads", "mask_token_id",
-                 "stop_after_steps"):
+                 "stop_after_steps", "intermediate_size"):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=int, default=getattr(d, name))
     for name in ("gamma", "lr", "weight_decay", "warmup", "clip", "max_seconds"):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=float, default=getattr(d, name))

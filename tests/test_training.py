@@ -215,6 +215,19 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
     assert loaded.dtype == torch.bfloat16 and loaded.config.refiner == "xpress"
 
 
+def test_drafter_mlp_width_can_be_set(tmp_path):
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target, num_seqs=12)
+    trainer = T.Trainer(_cfg(data, tmp_path / "run", intermediate_size=24), target=target)
+    assert trainer.drafter.config.intermediate_size == 24
+    assert trainer.drafter.layers[0].mlp.up_proj.weight.shape == (24, target.config.hidden_size)
+    assert T.Trainer(_cfg(data, tmp_path / "default"), target=target).drafter.config.intermediate_size == 128
+    parser = argparse.ArgumentParser()
+    T._train_arguments(parser)
+    assert parser.parse_args(["--intermediate-size", "24"]).intermediate_size == 24
+
+
 def test_sigterm_requests_a_checkpoint(tmp_path):
     target = tiny_llama()
     data = tmp_path / "data"

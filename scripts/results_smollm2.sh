@@ -4,6 +4,8 @@
 #   bash scripts/results_smollm2.sh block   # per-block latency, full vocabulary and refiner_shortlist=64
 #   bash scripts/results_smollm2.sh bf16    # end to end, bf16, greedy and T = 1, every method
 #   bash scripts/results_smollm2.sh drafts  # end to end, bf16, greedy: drafts per round and confidence threshold
+#   bash scripts/results_smollm2.sh run3    # end to end, bf16, greedy: the third run's drafters, 15 vs 2 drafts
+#   bash scripts/results_smollm2.sh run3-t1 # the same at T = 1, 2 drafts per round
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +29,18 @@ case "${1:-all}" in
     hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 0 \
       --passes 2 --early-stop on --shortlist 64 --drafts none,2,4 --confidence 0,0.2 --no-native-dflash \
       --dtype bfloat16 --threads 2 --out results/smollm2-bf16-drafts
+    ;;&
+  run3|all)
+    # The third training run's drafters (shipped with 2 drafts per round as their default; the bench sets every
+    # knob explicitly per method, so "none" is the full block).
+    hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 0 \
+      --passes 2 --early-stop on --shortlist 64 --drafts none,2 --confidence 0,0.2 --no-native-dflash \
+      --dtype bfloat16 --threads 2 --out results/smollm2-bf16-run3
+    ;;&
+  run3-t1|all)
+    hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 1 \
+      --passes 2 --early-stop on --shortlist 64 --drafts 2 --no-native-dflash --dtype bfloat16 --threads 2 \
+      --out results/smollm2-bf16-run3-t1
     ;;&
   fp32|all)
     hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 2 --max-new-tokens 64 --passes 4 \

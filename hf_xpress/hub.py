@@ -40,6 +40,18 @@ def results_table(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def _drafts_phrase(config: XPressDrafterConfig) -> str:
+    """How many drafts a round proposes under the config's inference defaults, for the model card."""
+    block = config.block_size - 1
+    if config.num_assistant_tokens in (None, block):
+        phrase = f"{block} tokens"
+    else:
+        phrase = f"up to {config.num_assistant_tokens} of its {block} draft tokens"
+    if config.assistant_confidence_threshold:
+        phrase += f" (fewer where a draft's probability falls below {config.assistant_confidence_threshold:g})"
+    return phrase
+
+
 def render_model_card(
     config: XPressDrafterConfig,
     *,
@@ -72,7 +84,7 @@ def render_model_card(
         block_size=config.block_size,
         num_layers=config.num_hidden_layers,
         target_layer_ids=config.target_layer_ids,
-        num_drafts=config.block_size - 1,
+        num_drafts=_drafts_phrase(config),
         training=training,
         results=results if isinstance(results, str) else results_table(results or {}),
         limitations=limitations,

@@ -1444,7 +1444,8 @@ def ship_main(args: argparse.Namespace) -> int:
   `{refiner}` (rank {cfg['refiner_rank']}); {_count_parameters(out) / 1e6:.2f}M parameters stored as bf16 safetensors.
 - **Objective**: {'dFlash CE against the target argmax' if refiner is None else ('teacher-forced + 0.6 x drafter-anchor' if refiner == 'markov' else 'teacher-forced + 0.3 x mean of 3 free-running Jacobi rounds + 0.6 x drafter-anchor')}{'' if refiner is None else ', each 0.1 x CE + 0.9 x TV(q, p_target)'}, slot weights exp(-(k-1)/{cfg['gamma']}).
   Losses over the {cfg['train_vocab'] or 'full'} most frequent target labels of the training split (training vocabulary; the
-  refiner's output rows for other tokens are zero). Inference uses the full vocabulary.
+  refiner's output rows for other tokens are zero). Inference uses the full vocabulary (`refiner_shortlist`, if set
+  below, only limits the refiner's correction to the drafter's top candidates).
 - **Budget**: {state['step']} steps x {cfg['batch_size']} sequences x {cfg['anchors_per_seq']} anchors = {state['blocks']} blocks,
   {state['tokens']} training tokens (target tokens read), {state['train_seconds'] / 60:.1f} minutes of training on 1 shared CPU
   thread ({cfg['mixed_precision']} autocast); AdamW lr {cfg['lr']}, cosine, {cfg['warmup']:.0%} warm-up, clip {cfg['clip']}; {state['skipped']} skipped steps.
@@ -1462,7 +1463,10 @@ correct drafts):
 
         results_md = (results_table(results) + "\n\ntau = accepted drafts per round + 1, pooled over rounds; greedy, fp32 target, "
                       f"`max_new_tokens` {args.max_new_tokens}, first {args.limit} prompts of each set "
-                      "(HumanEval, MT-Bench turn 1, MATH-500 from MMATH). Outputs identical to plain greedy `generate`: "
+                      "(HumanEval, MT-Bench turn 1, MATH-500 from MMATH), measured with the run's own settings ("
+                      f"{'xPress K = ' + str(setup['jacobi_passes']) + ', ' if setup.get('jacobi_passes') else ''}"
+                      "every draft of the block submitted), before any inference default above was set. "
+                      "Outputs identical to plain greedy `generate`: "
                       + "; ".join(identical) + ".")
     write_model_card(out, target=cfg["target"] if cfg["target"] not in ("smollm2-135m-instruct", "smollm2") else "HuggingFaceTB/SmolLM2-135M-Instruct",
                      repo_id=f"hf-xpress/{out.name}", training=training, results=results_md,

@@ -19,7 +19,7 @@ DATA=data/qwen25coder-label
 CACHE=${HF_XPRESS_FEATURES:-$HOME/.cache/hf_xpress/features/qwen25coder-label-L1-13-25}
 LAYER_IDS=1,13,25  # the dFlash rule's spread (1 .. L-3) over 28 layers, three fused layers as for SmolLM2
 THREADS=${THREADS:-2}
-SETS=(--sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 0 --dtype bfloat16)
+SETS=(--sets humaneval,mtbench,math500 --limit "${LIMIT:-2}" --max-new-tokens 96 --temperature 0 --dtype bfloat16)
 # A 2-layer drafter at the target's width with a third of its MLP (the training step's cost on 2 cores).
 COMMON=(--target "$TARGET" --data "$DATA" --feature-cache "$CACHE" --layers 2 --intermediate-size 3072
         --layer-ids "$LAYER_IDS" --block-size 16 --refiner-rank 128 --train-vocab 8192 --anchors-per-seq 16

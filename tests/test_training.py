@@ -415,7 +415,7 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
     T.label_dataset(target, data, layer_ids=None, cache_dir=None, chunk=8, max_batch_tokens=256)
     T.Trainer(_cfg(data, tmp_path / "run", max_steps=2, eval_every=2), target=target).run()
     tau = tmp_path / "tau.json"
-    tau.write_text(json.dumps({"_setup": {"limit": 2, "max_new_tokens": 16},
+    tau.write_text(json.dumps({"_setup": {"limit": 2, "max_new_tokens": 16, "jacobi_passes": 6},
                                "humaneval": {"tau": 1.5, "identical_to_greedy": 2, "prompts": 2}}))
     out = tmp_path / "shipped"
     args = argparse.Namespace(run=str(tmp_path / "run"), checkpoint="best", out=str(out), tau=[f"xPress={tau}"],
@@ -426,6 +426,8 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
     assert loaded.config.num_assistant_tokens == 2 and loaded.config.refiner_shortlist == 64
     card = (out / "README.md").read_text()
     assert "`num_assistant_tokens=2`" in card and "1.5" in card and "labelled in bfloat16" in card
+    assert "It proposes up to 2 of its 3 draft tokens per round;" in card  # the shipped default, not the block
+    assert "(xPress K = 6, every draft of the block submitted), before any inference default above was set" in card
     bad = argparse.Namespace(**{**vars(args), "set": ["block_size=8"]})
     with pytest.raises(ValueError, match="--set takes KEY=VALUE with KEY one of"):
         T.ship_main(bad)

@@ -39,6 +39,7 @@ case "${1:-all}" in
       --dtype bfloat16 --threads 2 --out results/smollm2-bf16-run3
     ;;&
   run3-t1|all)
+    sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "could not drop the page cache (not root)"
     hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 1 \
       --passes 2 --early-stop on --shortlist 64 --drafts 2 --no-native-dflash --dtype bfloat16 --threads 2 \
       --out results/smollm2-bf16-run3-t1

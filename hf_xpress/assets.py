@@ -92,12 +92,17 @@ def packaged_file(asset: PackagedFile) -> Path:
     )
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
+def _blocks(path: str | os.PathLike):
+    """A file's bytes in 1 MiB blocks."""
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+        yield from iter(lambda: f.read(1 << 20), b"")
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file."""
+    digest = hashlib.sha256()
+    for block in _blocks(path):
+        digest.update(block)
     return digest.hexdigest()
 
 
@@ -233,10 +238,9 @@ def _join_parts(parts: list[Path], out: Path) -> str:
     digest = hashlib.sha256()
     with open(out, "wb") as dst:
         for part in parts:
-            with open(part, "rb") as src:
-                for block in iter(lambda: src.read(1 << 20), b""):
-                    digest.update(block)
-                    dst.write(block)
+            for block in _blocks(part):
+                digest.update(block)
+                dst.write(block)
     return digest.hexdigest()
 
 

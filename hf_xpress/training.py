@@ -810,6 +810,7 @@ class TrainConfig:
     lora_rank: int = 16
     layers: int = 3
     intermediate_size: int | None = None  # the drafter's MLP width (default: the target's)
+    max_sequences: int | None = None  # train on the first N labelled sequences only (default: all)
     layer_ids: list[int] | None = None
     block_size: int = 16
     mask_token_id: int | None = None
@@ -857,7 +858,11 @@ class Trainer:
         self.embed = self.target.get_input_embeddings()
         self.lm_head = self.target.get_output_embeddings()
         self.data = Dataset.load(cfg.data)
-        labelled = range(self.data.num_labelled)
+        if cfg.max_sequences is not None and cfg.max_sequences < 1:
+            raise ValueError(f"max_sequences must be a positive number of sequences, got {cfg.max_sequences}")
+        # A prefix of the labelled set: a data-volume ablation, or what a partly rebuilt feature cache covers.
+        self.num_sequences = min(self.data.num_labelled, cfg.max_sequences or self.data.num_labelled)
+        labelled = range(self.num_sequences)
         self.heldout = [i for i in labelled if i % cfg.heldout_every == 0][: cfg.heldout_seqs]
         self.train_ids = [i for i in labelled if i % cfg.heldout_every != 0]
         self.vocab = self._training_vocabulary(self.target.config.get_text_config().vocab_size)
@@ -866,10 +871,11 @@ class Trainer:
         if cfg.feature_cache:
             width = (len(self.drafter.config.target_layer_ids) + 1) * self.drafter.config.hidden_size
             cache = FeatureCache(cfg.feature_cache, int(self.data.offsets[-1]), width, self.drafter.config.target_layer_ids)
-            if cache.num_done >= self.data.num_labelled:
+            if cache.num_done >= self.num_sequences:
                 self.cache = cache
             else:
-                print(f"[train] feature cache covers {cache.num_done} < {self.data.num_labelled} sequences: computing features on the fly")
+                print(f"[train] feature cache covers {cache.num_done} < {self.num_sequences} sequences: computing features "
+                      f"on the fly (--max-sequences {cache.num_done} trains on the cached ones only)")
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
         from transformers import get_cosine_schedule_with_warmup
@@ -1211,7 +1217,7 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-rank", dest="lora_rank", type=int, default=d.lora_rank)
     for name in ("layers", "block_size", "refiner_rank", "train_vocab", "eval_anchors", "anchors_per_seq", "batch_size", "grad_accum", "max_steps",
                  "seed", "heldout_every", "heldout_seqs", "eval_every", "save_every", "threads", "mask_token_id",
-                 "stop_after_steps", "intermediate_size"):
+                 "stop_after_steps", "intermediate_size", "max_sequences"):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=int, default=getattr(d, name))
     for name in ("gamma", "lr", "weight_decay", "warmup", "clip", "max_seconds"):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=float, default=getattr(d, name))
@@ -1411,7 +1417,8 @@ def ship_main(args: argparse.Namespace) -> int:
     cfg, state, history = saved["config"], saved["state"], saved["history"]
     manifest = json.loads((Path(cfg["data"]) / "manifest.json").read_text())
     data = Dataset.load(cfg["data"])
-    labelled_tokens = int(data.offsets[data.num_labelled])
+    used = min(data.num_labelled, cfg.get("max_sequences") or data.num_labelled)
+    labelled_tokens = int(data.offsets[used])
     extended = "".join(
         f" Extended with `{e['sources']}` (seed {e['seed']}, ShareGPT conversations {e['skip_prompts']}+ , up to "
         f"{e['num_code']} stdlib chunks): {e['sequences']} sequences, {e['tokens']} tokens, labelled in {e['label_dtype']}."
@@ -1431,15 +1438,20 @@ def ship_main(args: argparse.Namespace) -> int:
             identical.append(f"{method} / {name}: {row['identical_to_greedy']}/{row['prompts']}")
     best = max(history, key=lambda e: e["tau_est"]) if history else None
     refiner = cfg["refiner"]
-    training = f"""Target: `{cfg['target']}` (SmolLM2-135M-Instruct, fp32, frozen). Mask token id {cfg['mask_token_id']}
-(`<empty_output>`, never used in chat). Trained with `hf-xpress train` (see `scripts/train_smollm2.sh` and
-`docs/training.md` in the hf-xpress repository).
+    from .assets import GGUF_MODELS, SMOLLM2
 
-- **Data**: `{cfg['data']}`: {data.num_labelled} labelled sequences, {labelled_tokens} tokens (sources
+    packaged = GGUF_MODELS.get(cfg["target"])
+    target_name = packaged.hub_id if packaged is not None and packaged.hub_id else cfg["target"]
+    mask_id = XPressDrafterConfig.from_pretrained(out).mask_token_id
+    mask_note = " (`<empty_output>`, never used in chat)" if packaged is SMOLLM2 and mask_id == 16 else ""
+    training = f"""Target: `{cfg['target']}` ({target_name}, frozen{f", {str(packaged.dtype).removeprefix('torch.')}" if packaged else ""}). Mask token id {mask_id}{mask_note}.
+Trained with `hf-xpress train` (see `scripts/` and `docs/training.md` in the hf-xpress repository).
+
+- **Data**: `{cfg['data']}`: {used} labelled sequences{f" (the first {used} of {data.num_labelled})" if used < data.num_labelled else ""}, {labelled_tokens} tokens (sources
   `{manifest['sources']}`, seed {manifest['seed']}: ShareGPT first exchanges with their existing responses and Python
   standard-library source shown as code blocks, chat template applied, max {manifest['max_len']} tokens), labelled by
   one teacher-forced target forward (targets = the target's own next-token distribution and argmax at each
-  position).{extended} Every {cfg['heldout_every']}th sequence held out ({min(cfg['heldout_seqs'], len(range(0, data.num_labelled, cfg['heldout_every'])))} used for evaluation).
+  position).{extended} Every {cfg['heldout_every']}th sequence held out ({min(cfg['heldout_seqs'], len(range(0, used, cfg['heldout_every'])))} used for evaluation).
 - **Drafter**: {cfg['layers']} layers, target layers {cfg['layer_ids']}, block {cfg['block_size']}, refiner
   `{refiner}` (rank {cfg['refiner_rank']}); {_count_parameters(out) / 1e6:.2f}M parameters stored as bf16 safetensors.
 - **Objective**: {'dFlash CE against the target argmax' if refiner is None else ('teacher-forced + 0.6 x drafter-anchor' if refiner == 'markov' else 'teacher-forced + 0.3 x mean of 3 free-running Jacobi rounds + 0.6 x drafter-anchor')}{'' if refiner is None else ', each 0.1 x CE + 0.9 x TV(q, p_target)'}, slot weights exp(-(k-1)/{cfg['gamma']}).
@@ -1468,7 +1480,7 @@ correct drafts):
                       "every draft of the block submitted), before any inference default above was set. "
                       "Outputs identical to plain greedy `generate`: "
                       + "; ".join(identical) + ".")
-    write_model_card(out, target=cfg["target"] if cfg["target"] not in ("smollm2-135m-instruct", "smollm2") else "HuggingFaceTB/SmolLM2-135M-Instruct",
+    write_model_card(out, target=target_name,
                      repo_id=f"hf-xpress/{out.name}", training=training, results=results_md,
                      limitations=args.limitations)
     print(f"[ship] {out}: {sum(f.stat().st_size for f in out.iterdir()) / 1e6:.1f} MB")

@@ -9,7 +9,8 @@
 #   bash scripts/large_qwen.sh train      # dFlash-only / Markov / xPress drafters, same data and budget
 #   bash scripts/large_qwen.sh bench      # every method with the trained drafters
 #
-# Stages that stop early (MAX_SECONDS) resume when run again.
+# Stages that stop early (MAX_SECONDS) resume when run again. MAX_SEQUENCES=N trains on the first N labelled sequences
+# (e.g. the ones a partly rebuilt feature cache covers on a new machine).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,6 +46,7 @@ case "${1:-}" in
     for refiner in ${REFINERS:-none markov xpress}; do
       [[ -d "runs/qwen25coder-$refiner/final" ]] && continue
       hf-xpress train "${COMMON[@]}" --refiner "$refiner" ${MAX_SECONDS:+--max-seconds $MAX_SECONDS} \
+        ${MAX_SEQUENCES:+--max-sequences $MAX_SEQUENCES} \
         --out "runs/qwen25coder-$refiner" >> "runs/qwen25coder-$refiner.log" 2>&1 &
     done
     wait

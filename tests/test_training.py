@@ -291,6 +291,30 @@ def test_feature_cache_matches_on_the_fly(tmp_path):
     torch.testing.assert_close(cached, torch.cat([feats[0], final[0]], -1), atol=0.05, rtol=0.02)
 
 
+def test_max_sequences_trains_on_a_prefix_that_a_partial_cache_covers(tmp_path, capsys):
+    """On a new machine the feature cache is rebuilt chunk by chunk: `max_sequences` trains on the covered prefix
+    (read from the cache, not recomputed) instead of falling back to target forwards for every sequence."""
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target, num_seqs=12)
+    T.label_dataset(target, data, layer_ids=[1, 4], cache_dir=str(tmp_path / "cache"), chunk=4, max_batch_tokens=128,
+                    max_seconds=-1)  # stops after the first chunk: 4 of 12 sequences cached
+    kw = dict(layer_ids=[1, 4], feature_cache=str(tmp_path / "cache"), max_steps=2, eval_every=2)
+    whole = T.Trainer(_cfg(data, tmp_path / "whole", **kw), target=target)
+    assert whole.cache is None and "--max-sequences 4 trains on the cached ones only" in capsys.readouterr().out
+    prefix = T.Trainer(_cfg(data, tmp_path / "prefix", max_sequences=4, **kw), target=target)
+    assert prefix.cache is not None and prefix.num_sequences == 4
+    assert prefix.heldout == [0] and prefix.train_ids == [1, 2, 3]
+    prefix.cache.read = lambda a, b, read=prefix.cache.read: read(a, b) if b <= int(prefix.data.offsets[4]) else 1 / 0
+    prefix.target.forward = lambda *a, **k: 1 / 0  # features come from the cache only
+    assert prefix.run()["step"] == 2
+    with pytest.raises(ValueError, match="max_sequences must be a positive number"):
+        T.Trainer(_cfg(data, tmp_path / "zero", max_sequences=0), target=target)
+    parser = argparse.ArgumentParser()
+    T._train_arguments(parser)
+    assert parser.parse_args(["--max-sequences", "4"]).max_sequences == 4
+
+
 def test_extend_appends_unlabelled_sequences_and_a_rebuilt_cache_keeps_the_labels(tmp_path):
     """`hf-xpress data --extend`: new ids appended (known ids skipped), the labelled prefix and its order kept; the
     labelling pass then labels only the new ones, while the feature cache (local, rebuilt on a new machine and grown
@@ -428,6 +452,7 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
     assert "`num_assistant_tokens=2`" in card and "1.5" in card and "labelled in bfloat16" in card
     assert "It proposes up to 2 of its 3 draft tokens per round;" in card  # the shipped default, not the block
     assert "(xPress K = 6, every draft of the block submitted), before any inference default above was set" in card
+    assert "(HuggingFaceTB/SmolLM2-135M-Instruct, frozen, float32). Mask token id 127." in card  # 127 is not <empty_output>
     bad = argparse.Namespace(**{**vars(args), "set": ["block_size=8"]})
     with pytest.raises(ValueError, match="--set takes KEY=VALUE with KEY one of"):
         T.ship_main(bad)

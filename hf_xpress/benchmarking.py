@@ -115,6 +115,7 @@ class Method:
     shortlist: int | None = None  # xPress / Markov: refiner_shortlist (None: full vocabulary)
     drafts: int | None = None  # ours: num_assistant_tokens, drafts per round (None: B-1)
     confidence: float = 0.0  # ours: assistant_confidence_threshold (0: off)
+    draft_vocab: bool = True  # ours: draft among the drafter's stored draft vocabulary, if it has one
     generate_kwargs: dict = field(default_factory=dict)
     runner: Callable | None = None
 
@@ -123,7 +124,8 @@ class Method:
         if self.kind == "xpress":
             out.update(passes=self.passes, early_stop=self.early_stop)
         if self.ours:
-            out.update(shortlist=self.shortlist, drafts=self.drafts, confidence=self.confidence)
+            out.update(shortlist=self.shortlist, drafts=self.drafts, confidence=self.confidence,
+                       draft_vocab=self.draft_vocab and getattr(self.model, "draft_vocab", None) is not None)
         if self.model is not None and getattr(self.model, "config", None) is not None:
             cfg = self.model.config
             out["model"] = {
@@ -154,6 +156,7 @@ def build_methods(
     shortlists: Iterable[int | None] = (None,),
     drafts: Iterable[int | None] = (None,),
     confidences: Iterable[float] = (0.0,),
+    draft_vocabs: Iterable[bool] = (True,),
     prompt_lookup: int | None = PROMPT_LOOKUP_TOKENS,
     native_dflash: bool = True,
 ) -> list[Method]:
@@ -162,15 +165,18 @@ def build_methods(
     drafters: ``(label, XPressDrafterModel)`` pairs. The native DFlash path runs each refiner-less drafter (or, when
     there is none, the first drafter's base, labelled so). Names carry the label only when two drafters of the same
     kind are given. Each of our methods runs at every `drafts` (drafts per round) x `confidences` (threshold) setting,
-    the Markov head and xPress also at every shortlist; names carry " sl<M>", " n<drafts>", " c<threshold>".
+    the Markov head and xPress also at every shortlist; names carry " sl<M>", " n<drafts>", " c<threshold>". A drafter
+    with a stored draft vocabulary also runs without it where `draft_vocabs` holds False (names carry " allV").
     """
     passes, early_stop, shortlists = list(passes), list(early_stop), list(shortlists)
 
     def submission(name: str, **method) -> list[Method]:
-        """`name` at every drafts-per-round x confidence-threshold setting."""
+        """`name` at every drafts-per-round x confidence-threshold (x draft-vocabulary on/off) setting."""
+        has_vocab = getattr(method["model"], "draft_vocab", None) is not None
         return [
-            Method(name + (f" n{n}" if n else "") + (f" c{c:g}" if c else ""), drafts=n, confidence=c, **method)
-            for n in drafts for c in confidences
+            Method(name + (f" n{n}" if n else "") + (f" c{c:g}" if c else "") + ("" if dv else " allV"),
+                   drafts=n, confidence=c, draft_vocab=dv, **method)
+            for n in drafts for c in confidences for dv in (list(draft_vocabs) if has_vocab else [True])
         ]
 
     methods = [Method(PLAIN, "plain")]
@@ -316,11 +322,15 @@ def _drafter_settings(method: Method):
     cfg.refiner_shortlist = method.shortlist
     cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = method.drafts, "constant"
     cfg.assistant_confidence_threshold = method.confidence
+    vocab = method.model.draft_vocab
+    if not method.draft_vocab:
+        method.model.draft_vocab = None  # the whole vocabulary for this run
     try:
         yield
     finally:
         for name, value in saved.items():
             setattr(cfg, name, value)
+        method.model.draft_vocab = vocab
 
 
 def run_once(
@@ -1073,7 +1083,7 @@ def block_latency(
         return o
 
     def head():
-        holder["logits"] = lm_head(holder["hidden"][:, 1:]).float()
+        holder["logits"] = drafter.draft_logits(holder["hidden"][:, 1:], lm_head)
 
     t_forward = _median_time(draft_forward, device, repeats, warmup)
     t_head = _median_time(head, device, repeats, warmup)
@@ -1262,12 +1272,12 @@ def _int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def _early_stop_list(text: str) -> list[bool]:
+def _on_off_list(text: str, flag: str = "--early-stop") -> list[bool]:
     table = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}
     try:
         return [table[x.strip().lower()] for x in text.split(",") if x.strip()]
     except KeyError:
-        raise argparse.ArgumentTypeError(f"--early-stop takes on,off (got {text!r})") from None
+        raise argparse.ArgumentTypeError(f"{flag} takes on,off (got {text!r})") from None
 
 
 def _load_drafter(path: str, dtype: torch.dtype, device):
@@ -1347,10 +1357,11 @@ def main(args: argparse.Namespace) -> int:
         drafters,
         assistant=assistant,
         passes=_int_list(args.passes),
-        early_stop=_early_stop_list(args.early_stop),
+        early_stop=_on_off_list(args.early_stop),
         shortlists=_optional_ints(args.shortlist),
         drafts=_optional_ints(args.drafts),
         confidences=[float(c) for c in args.confidence.split(",") if c.strip()],
+        draft_vocabs=_on_off_list(args.draft_vocab, "--draft-vocab"),
         prompt_lookup=None if args.no_prompt_lookup else args.prompt_lookup_tokens,
         native_dflash=not args.no_native_dflash,
     )
@@ -1418,6 +1429,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    "--block-only uses the last one")
     p.add_argument("--drafts", default="none",
                    help="drafts per round (num_assistant_tokens) for our methods, e.g. none,2,4 (none: B-1)")
+    p.add_argument("--draft-vocab", default="on",
+                   help="for drafters that store a draft vocabulary: on (use it), off (whole vocabulary) or on,off")
     p.add_argument("--confidence", default="0",
                    help="assistant_confidence_threshold values for our methods, e.g. 0,0.3 (0: off)")
     p.add_argument("--methods", help="only these methods (names or kinds: pld, assisted, native-dflash, dflash, "

@@ -165,7 +165,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         hidden = self._draft_forward(input_ids, model_outputs)
         lm_head = self.main_model_output_embeddings
         # Only the slots we submit; in the target head's dtype (a bf16 drafter may serve an fp32 target).
-        base_logits = lm_head(hidden[:, 1 : 1 + num_drafts].to(lm_head.weight.device, lm_head.weight.dtype)).float()
+        base_logits = self.assistant_model.draft_logits(hidden[:, 1 : 1 + num_drafts], lm_head)
         drafted = self._clock()
 
         noise = None

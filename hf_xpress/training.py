@@ -781,6 +781,25 @@ def drafter_outputs(drafter: XPressDrafterModel, lm_head: torch.nn.Module, packe
     return h, (lm_head(h[:, 1:]) if vocab is None else F.linear(h[:, 1:], head_rows(lm_head, vocab)))
 
 
+def training_vocabulary(data: Dataset, seq_ids: list[int], size: int, vocab_size: int) -> tuple[np.ndarray, float]:
+    """The `size` most frequent response labels of sequences `seq_ids` (sorted ids) and the share of those labels
+    they cover. A trained drafter stores them as its draft vocabulary (`XPressDrafterModel.set_draft_vocab`)."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for i in seq_ids:
+        _, lab, p = data.sequence(i)
+        counts += np.bincount(np.asarray(lab[max(p - 1, 0):], dtype=np.int64), minlength=vocab_size)
+    top = np.sort(np.argsort(-counts, kind="stable")[:size])
+    return top, float(counts[top].sum() / max(counts.sum(), 1))
+
+
+def run_training_vocabulary(cfg: dict, vocab_size: int) -> np.ndarray:
+    """The training vocabulary of a finished run from its saved config (same data, split and size as in training)."""
+    data = Dataset.load(cfg["data"])
+    n = min(data.num_labelled, cfg.get("max_sequences") or data.num_labelled)
+    train_ids = [i for i in range(n) if i % cfg["heldout_every"] != 0]
+    return training_vocabulary(data, train_ids, cfg["train_vocab"], vocab_size)[0]
+
+
 _HEAD_ROWS: dict[tuple[int, int], torch.Tensor] = {}
 
 
@@ -811,6 +830,7 @@ class TrainConfig:
     layers: int = 3
     intermediate_size: int | None = None  # the drafter's MLP width (default: the target's)
     max_sequences: int | None = None  # train on the first N labelled sequences only (default: all)
+    draft_vocab: bool = True  # saved drafters draft among the training vocabulary only (with train_vocab)
     layer_ids: list[int] | None = None
     block_size: int = 16
     mask_token_id: int | None = None
@@ -943,12 +963,7 @@ class Trainer:
         self.vocab_coverage = 1.0
         if not self.cfg.train_vocab:
             return None
-        counts = np.zeros(V, dtype=np.int64)
-        for i in self.train_ids:
-            _, lab, p = self.data.sequence(i)
-            counts += np.bincount(np.asarray(lab[max(p - 1, 0):], dtype=np.int64), minlength=V)
-        top = np.sort(np.argsort(-counts, kind="stable")[: self.cfg.train_vocab])
-        self.vocab_coverage = float(counts[top].sum() / max(counts.sum(), 1))
+        top, self.vocab_coverage = training_vocabulary(self.data, self.train_ids, self.cfg.train_vocab, V)
         print(f"[train] training vocabulary: {len(top)} tokens covering {self.vocab_coverage:.4f} of training labels", flush=True)
         return torch.from_numpy(top).to(self.accel.device)
 
@@ -1117,6 +1132,8 @@ class Trainer:
             return
         model = copy.deepcopy(self.plain_drafter()).to(torch.bfloat16)
         model.stats = None
+        if self.vocab is not None and self.cfg.draft_vocab:  # draft among the tokens the losses covered
+            model.set_draft_vocab(self.vocab.cpu())
         model.save_pretrained(folder, safe_serialization=True)
         (folder / "training_history.json").write_text(json.dumps({"state": self.state, "history": self.history,
                                                                   "config": asdict(self.cfg),
@@ -1224,6 +1241,8 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layer-ids", dest="layer_ids", default=None, help="comma-separated target layers")
     p.add_argument("--mixed-precision", dest="mixed_precision", default=d.mixed_precision, choices=["no", "bf16"])
     p.add_argument("--feature-cache", dest="feature_cache", default=None)
+    p.add_argument("--no-draft-vocab", dest="draft_vocab", action="store_false", default=None,
+                   help="saved drafters draft over the whole vocabulary, not only the training vocabulary")
 
 
 # ====================================================================================================================
@@ -1415,6 +1434,7 @@ def ship_main(args: argparse.Namespace) -> int:
     if whole_run.exists():
         saved = json.loads(whole_run.read_text())
     cfg, state, history = saved["config"], saved["state"], saved["history"]
+    inference += _set_draft_vocab(out, getattr(args, "draft_vocab", "keep"), cfg)
     manifest = json.loads((Path(cfg["data"]) / "manifest.json").read_text())
     data = Dataset.load(cfg["data"])
     used = min(data.num_labelled, cfg.get("max_sequences") or data.num_labelled)
@@ -1487,6 +1507,27 @@ correct drafts):
     return 0
 
 
+def _set_draft_vocab(folder: Path, choice: str, cfg: dict) -> str:
+    """`ship --draft-vocab`: keep the checkpoint's draft vocabulary, store the run's training vocabulary (runs saved
+    before drafters recorded it), or drop it. Returns the model-card line."""
+    if choice not in ("keep", "train", "none"):
+        raise ValueError(f"--draft-vocab takes keep, train or none, got {choice!r}")
+    if choice != "keep":
+        model = XPressDrafterModel.from_pretrained(folder, dtype=torch.bfloat16)
+        if choice == "train":
+            if not cfg.get("train_vocab"):
+                raise ValueError("--draft-vocab train: this run trained over the whole vocabulary (no --train-vocab)")
+            model.set_draft_vocab(run_training_vocabulary(cfg, model.config.vocab_size))
+        else:
+            model.set_draft_vocab(None)
+        model.save_pretrained(folder, safe_serialization=True)
+    size = XPressDrafterConfig.from_pretrained(folder).draft_vocab_size
+    if size is None:
+        return ""
+    return (f"- **Draft vocabulary**: drafts among {size} token ids (`draft_vocab`, the training vocabulary below); "
+            "`drafter.set_draft_vocab(None)` drafts over the whole vocabulary.\n")
+
+
 def _set_inference_defaults(folder: Path, assignments: list[str]) -> str:
     """Apply `KEY=VALUE` inference settings (JSON values) to the shipped config; returns the model-card line."""
     if not assignments:
@@ -1507,6 +1548,8 @@ def add_ship_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("ship", help="copy a run's drafter into a folder and write its model card")
     p.add_argument("--run", required=True)
     p.add_argument("--checkpoint", default="best", choices=["best", "final"])
+    p.add_argument("--draft-vocab", dest="draft_vocab", default="keep", choices=["keep", "train", "none"],
+                   help="keep the checkpoint's draft vocabulary, store the run's training vocabulary, or drop it")
     p.add_argument("--out", required=True)
     p.add_argument("--tau", action="append", help="METHOD=tau.json (repeat: one per compared drafter)")
     p.add_argument("--set", action="append", help="inference default in the shipped config, KEY=JSON_VALUE "

@@ -8,9 +8,10 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from hf_xpress import XPressStats
-from hf_xpress.benchmarking import Method, block_latency, build_methods, run_benchmark, summarize
+from hf_xpress.benchmarking import Method, _drafter_settings, block_latency, build_methods, run_benchmark, summarize
 from hf_xpress.cli import build_parser, main as cli_main
 
 from conftest import tiny_drafter, tiny_target
@@ -140,6 +141,26 @@ def test_drafts_per_round_and_confidence_variants_are_named_run_and_restored(lla
     runs = {r["method"]: r for r in results["runs"]}
     assert max(runs["markov n2"]["proposed"]) == 2 and max(runs["xpress K=2 es sl8 n2 c0.2"]["proposed"]) <= 2
     assert xp.config.num_assistant_tokens is None and xp.config.assistant_confidence_threshold == 0.0  # restored
+
+
+def test_draft_vocabulary_on_and_off_variants_run_and_restore(llama):
+    xp, dfl = tiny_drafter(llama, "xpress"), tiny_drafter(llama, None)
+    xp.set_draft_vocab(torch.arange(0, 128, 2))
+    methods = build_methods([("xp", xp), ("df", dfl)], passes=[2], early_stop=[True], draft_vocabs=[True, False],
+                            prompt_lookup=None, native_dflash=False)
+    assert [m.name for m in methods] == ["plain", "xpress K=2 es", "xpress K=2 es allV", "dflash"]  # dFlash has none
+    results = run_benchmark(llama, None, methods, {"s": [[5, 6, 7, 8, 9, 10]]}, max_new_tokens=20, progress=False,
+                            warmup=False)
+    assert results["mismatches"] == []
+    drafted = {}
+    for method in methods[1:3]:
+        with _drafter_settings(method):
+            llama.generate(torch.tensor([[5, 6, 7, 8, 9, 10]]), assistant_model=xp, max_new_tokens=20, do_sample=False)
+        drafted[method.name] = {t for d in xp.stats.drafts for t in d}
+    assert drafted["xpress K=2 es"] and all(t % 2 == 0 for t in drafted["xpress K=2 es"])
+    assert any(t % 2 for t in drafted["xpress K=2 es allV"])  # the whole vocabulary was used
+    assert xp.draft_vocab is not None and xp.config.draft_vocab_size == 64  # restored after the "allV" run
+    assert [m.describe()["draft_vocab"] for m in methods[1:]] == [True, False, False]
 
 
 @pytest.mark.parametrize("refiner", ["xpress", "markov", None])

@@ -146,6 +146,44 @@ def test_a_bf16_drafter_serves_an_fp32_target(target, refiner):
         assert torch.equal(plain, target.generate(ids, assistant_model=drafter, max_new_tokens=20, do_sample=False))
 
 
+@pytest.mark.parametrize("refiner", REFINERS)
+@pytest.mark.parametrize("shortlist", [None, 8])
+def test_a_draft_vocabulary_stays_lossless_and_drafts_only_its_tokens(target, refiner, shortlist):
+    drafter = tiny_drafter(target, refiner, refiner_shortlist=shortlist)
+    vocab = torch.arange(0, 128, 3)  # a third of the vocabulary
+    drafter.set_draft_vocab(vocab)
+    hidden = torch.randn(1, 4, 64)
+    logits = drafter.draft_logits(hidden, target.lm_head)
+    torch.testing.assert_close(logits[..., vocab], target.lm_head(hidden)[..., vocab])
+    assert torch.isinf(logits).sum() == 4 * (128 - len(vocab))
+    for ids in _prompts(7):
+        plain = target.generate(ids, max_new_tokens=30, do_sample=False)
+        assert torch.equal(plain, target.generate(ids, assistant_model=drafter, max_new_tokens=30, do_sample=False))
+        drafts = [t for d in drafter.stats.drafts for t in d]
+        assert drafts and all(t % 3 == 0 for t in drafts), drafts
+
+
+def test_draft_vocabulary_is_saved_checked_and_removable(target, tmp_path):
+    from transformers import AutoModel
+
+    drafter = tiny_drafter(target, "xpress")
+    with pytest.raises(ValueError, match="within \\[0, vocab_size = 128\\)"):
+        drafter.set_draft_vocab([3, 128])
+    with pytest.raises(ValueError, match="1 token ids are repeated"):
+        drafter.set_draft_vocab([3, 5, 3])
+    drafter.set_draft_vocab([9, 2, 40])
+    drafter.save_pretrained(tmp_path / "d")
+    loaded = AutoModel.from_pretrained(tmp_path / "d", dtype=torch.bfloat16)
+    assert loaded.config.draft_vocab_size == 3 and loaded.draft_vocab.tolist() == [2, 9, 40]
+    loaded.set_draft_vocab(None)
+    assert loaded.config.draft_vocab_size is None and "draft_vocab" not in loaded.state_dict()
+    unset = tiny_drafter(target, "xpress", draft_vocab_size=5)  # a size in the config, but no ids
+    with pytest.raises(ValueError, match="sets draft_vocab_size=5 but its checkpoint has no `draft_vocab` ids"):
+        target.generate(torch.tensor([[1, 2, 3]]), assistant_model=unset, max_new_tokens=5, do_sample=False)
+    with pytest.raises(ValueError, match="draft_vocab_size must be None or in \\[1, vocab_size = 128\\]"):
+        tiny_drafter(target, "xpress", draft_vocab_size=129)
+
+
 def test_confidence_threshold_cuts_after_the_first_unconfident_draft(target):
     drafter = tiny_drafter(target, "xpress", assistant_confidence_threshold=0.3)
     generator = XPressCandidateGenerator(target, drafter, target.generation_config)
@@ -311,12 +349,13 @@ def _bound(dof: int) -> float:
 
 
 @pytest.mark.parametrize(
-    "processing, shortlist, refiner, threshold",
-    [(dict(top_k=0), None, "xpress", 0.0), (dict(temperature=0.7, top_k=3), None, "xpress", 0.0),
-     (dict(top_k=0), 2, "xpress", 0.0), (dict(top_k=0), 2, "markov", 0.0), (dict(top_k=0), None, "xpress", 0.5)],
+    "processing, shortlist, refiner, threshold, draft_vocab",
+    [(dict(top_k=0), None, "xpress", 0.0, None), (dict(temperature=0.7, top_k=3), None, "xpress", 0.0, None),
+     (dict(top_k=0), 2, "xpress", 0.0, None), (dict(top_k=0), 2, "markov", 0.0, None),
+     (dict(top_k=0), None, "xpress", 0.5, None), (dict(temperature=0.7, top_k=3), None, "xpress", 0.0, [0, 2])],
 )
 def test_sampling_keeps_the_target_distribution_and_a_biased_q_is_caught(
-    processing, shortlist, refiner, threshold, monkeypatch
+    processing, shortlist, refiner, threshold, draft_vocab, monkeypatch
 ):
     """4 new tokens: the first from the prefill, then 2 drafts (slot 2's q depends on slot 1's token through the
     refiner) and a bonus/correction. 1500 samples; the joint of the 4 tokens (256 cells, ~70 with 5+ expected
@@ -325,6 +364,7 @@ def test_sampling_keeps_the_target_distribution_and_a_biased_q_is_caught(
     target, drafter = _peaky_pair(seed=7, refiner=refiner)
     drafter.config.refiner_shortlist = shortlist  # 2 of the 4 tokens: drafts restricted to the drafter's top 2
     drafter.config.assistant_confidence_threshold = threshold
+    drafter.set_draft_vocab(draft_vocab)  # [0, 2]: tokens 1 and 3 are never drafted, only reached by correction
     prompt = torch.tensor([[1, 2, 0]])
     exact = _exact_joint(target, prompt, 4, **processing)
     proposed = []
@@ -335,6 +375,8 @@ def test_sampling_keeps_the_target_distribution_and_a_biased_q_is_caught(
     assert drafter.stats.rounds > 0
     if threshold:  # the threshold cut some rounds to one draft, not all
         assert 1 in proposed and 2 in proposed, sorted(set(proposed))
+    if draft_vocab:
+        assert {t for d in drafter.stats.drafts for t in d} <= set(draft_vocab)
 
     # Power check: the same test rejects a sampler whose q is not the distribution the drafts were drawn from
     original = XPressDrafterModel.propose

@@ -461,6 +461,34 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
         T.ship_main(bad)
 
 
+def test_saved_drafters_draft_among_the_training_vocabulary_and_ship_can_change_it(tmp_path):
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target)
+    manifest = json.loads((data / "manifest.json").read_text())
+    (data / "manifest.json").write_text(json.dumps(dict(manifest, seed=0, max_len=64)))
+    trainer = T.Trainer(_cfg(data, tmp_path / "run", max_steps=2, eval_every=2, train_vocab=20), target=target)
+    trainer.run()
+    final = XPressDrafterModel.from_pretrained(tmp_path / "run" / "final")
+    assert final.config.draft_vocab_size == 20 and torch.equal(final.draft_vocab, trainer.vocab)
+    saved = json.loads((tmp_path / "run" / "final" / "training_history.json").read_text())["config"]
+    assert np.array_equal(T.run_training_vocabulary(saved, V), trainer.vocab.numpy())  # recomputable from the run
+    ids = torch.tensor([[5, 9, 17, 33, 4, 5, 9]])
+    assert torch.equal(target.generate(ids, max_new_tokens=12, do_sample=False),
+                       target.generate(ids, assistant_model=final, max_new_tokens=12, do_sample=False))
+    args = argparse.Namespace(run=str(tmp_path / "run"), checkpoint="final", out=str(tmp_path / "full"), tau=[],
+                              limit=1, max_new_tokens=8, limitations="small", set=[], draft_vocab="none")
+    assert T.ship_main(args) == 0
+    assert XPressDrafterModel.from_pretrained(tmp_path / "full").draft_vocab is None
+    assert "Draft vocabulary" not in (tmp_path / "full" / "README.md").read_text()
+    args = argparse.Namespace(**{**vars(args), "run": str(tmp_path / "run"), "out": str(tmp_path / "again"),
+                                 "draft_vocab": "train"})
+    T.ship_main(args)
+    again = XPressDrafterModel.from_pretrained(tmp_path / "again")
+    assert torch.equal(again.draft_vocab, trainer.vocab)
+    assert "drafts among 20 token ids" in (tmp_path / "again" / "README.md").read_text()
+
+
 def test_measure_tau_is_lossless_and_pools_rounds(monkeypatch):
     from hf_xpress import assets
 

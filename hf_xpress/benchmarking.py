@@ -1272,6 +1272,17 @@ def _int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def select_methods(methods: list[Method], spec: str) -> list[Method]:
+    """`--methods`: plain, and the methods named in the comma list `spec`; a word that is no method's name selects
+    every method of that kind ("dflash" is both: the method only, not "dflash allV")."""
+    wanted = [w.strip() for w in spec.split(",") if w.strip()]
+    names = {m.name for m in methods}
+    unknown = [w for w in wanted if w not in names and w not in {m.kind for m in methods}]
+    if unknown:
+        raise ValueError(f"--methods: no method or kind named {unknown}; methods here: {sorted(names)}")
+    return [m for m in methods if m.kind == "plain" or any(w == m.name or (w not in names and w == m.kind) for w in wanted)]
+
+
 def _on_off_list(text: str, flag: str = "--early-stop") -> list[bool]:
     table = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}
     try:
@@ -1366,8 +1377,7 @@ def main(args: argparse.Namespace) -> int:
         native_dflash=not args.no_native_dflash,
     )
     if args.methods:
-        wanted = [w.strip() for w in args.methods.split(",") if w.strip()]
-        methods = [m for m in methods if m.kind == "plain" or any(w == m.name or w == m.kind for w in wanted)]
+        methods = select_methods(methods, args.methods)
     sets = _load_sets([s.strip() for s in args.sets.split(",") if s.strip()], args.limit, target, tokenizer,
                       args.max_new_tokens)
     print(f"{len(methods)} methods x {sum(len(v) for v in sets.values())} prompts x {len(args.temperature)} "
@@ -1434,7 +1444,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--confidence", default="0",
                    help="assistant_confidence_threshold values for our methods, e.g. 0,0.3 (0: off)")
     p.add_argument("--methods", help="only these methods (names or kinds: pld, assisted, native-dflash, dflash, "
-                   "markov, xpress, 'xpress K=4 es'); plain always runs")
+                   "markov, xpress, 'xpress K=4 es'; a method's exact name wins over a kind); plain always runs")
     p.add_argument("--prompt-lookup-tokens", type=int, default=PROMPT_LOOKUP_TOKENS)
     p.add_argument("--no-prompt-lookup", action="store_true")
     p.add_argument("--no-native-dflash", action="store_true")

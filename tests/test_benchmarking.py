@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from hf_xpress import XPressStats
-from hf_xpress.benchmarking import Method, _drafter_settings, block_latency, build_methods, run_benchmark, summarize
+from hf_xpress.benchmarking import (
+    Method, _drafter_settings, block_latency, build_methods, run_benchmark, select_methods, summarize,
+)
 from hf_xpress.cli import build_parser, main as cli_main
 
 from conftest import tiny_drafter, tiny_target
@@ -161,6 +163,13 @@ def test_draft_vocabulary_on_and_off_variants_run_and_restore(llama):
     assert any(t % 2 for t in drafted["xpress K=2 es allV"])  # the whole vocabulary was used
     assert xp.draft_vocab is not None and xp.config.draft_vocab_size == 64  # restored after the "allV" run
     assert [m.describe()["draft_vocab"] for m in methods[1:]] == [True, False, False]
+    xp.config.refiner = "xpress"
+    chosen = select_methods(build_methods([("xp", xp), ("df", dfl)], passes=[2], early_stop=[True], prompt_lookup=3,
+                                          draft_vocabs=[True, False], native_dflash=False), "pld,xpress K=2 es allV")
+    assert [m.name for m in chosen] == ["plain", "prompt-lookup", "xpress K=2 es allV"]
+    assert [m.name for m in select_methods(methods, "xpress")] == ["plain", "xpress K=2 es", "xpress K=2 es allV"]
+    with pytest.raises(ValueError, match="no method or kind named \\['markov sl64'\\]"):
+        select_methods(methods, "markov sl64")
 
 
 @pytest.mark.parametrize("refiner", ["xpress", "markov", None])

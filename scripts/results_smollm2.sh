@@ -7,6 +7,7 @@
 #   bash scripts/results_smollm2.sh run3    # end to end, bf16, greedy: the third run's drafters, 15 vs 2 drafts
 #   bash scripts/results_smollm2.sh run3-t1 # the same at T = 1, 2 drafts per round
 #   bash scripts/results_smollm2.sh run3-speed  # the shipped settings only (2 drafts), for speed, caches dropped first
+#   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,6 +52,30 @@ case "${1:-all}" in
       --passes 2 --early-stop on --shortlist 64 --drafts 2 --confidence 0,0.2 --no-native-dflash \
       --dtype bfloat16 --threads 2 --out results/smollm2-bf16-run3-speed
     ;;&
+  draft-vocab)
+    # The shipped drafters with their training vocabulary (8,192 tokens) as draft vocabulary, against the whole
+    # vocabulary, at the shipped settings (2 drafts); copies under runs/ (the shipped folders are left as they are).
+    python - <<'PY'
+import json, shutil
+from pathlib import Path
+from hf_xpress import XPressDrafterModel
+from hf_xpress.training import run_training_vocabulary
+for name in ("dflash", "markov", "xpress"):
+    src, dst = Path(f"drafters/smollm2-135m-{name}-b16"), Path(f"runs/draft-vocab/smollm2-135m-{name}-b16")
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    model = XPressDrafterModel.from_pretrained(dst)
+    cfg = json.loads((src / "training_history.json").read_text())["config"]
+    model.set_draft_vocab(run_training_vocabulary(cfg, model.config.vocab_size))
+    model.save_pretrained(dst)
+    print(dst, model.config.draft_vocab_size)
+PY
+    sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "could not drop the page cache (not root)"
+    hf-xpress bench --drafter runs/draft-vocab/smollm2-135m-dflash-b16 --drafter runs/draft-vocab/smollm2-135m-markov-b16 \
+      --drafter runs/draft-vocab/smollm2-135m-xpress-b16 --sets humaneval,mtbench,math500 --limit 3 \
+      --max-new-tokens 96 --temperature 0 --passes 2 --early-stop on --shortlist 64 --drafts 2 --draft-vocab on,off \
+      --no-native-dflash --dtype bfloat16 --threads 2 --out results/smollm2-bf16-draft-vocab
+    ;;
   fp32|all)
     hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 2 --max-new-tokens 64 --passes 4 \
       --early-stop on,off --shortlist none,64 --dtype float32 --threads 2 --fail-on-mismatch \

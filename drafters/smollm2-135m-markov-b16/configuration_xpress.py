@@ -69,6 +69,12 @@ class XPressDrafterConfig(PreTrainedConfig):
         assistant_confidence_threshold (`float`): a round's drafts end at the first slot whose draft probability
             (under the returned, processed logits) is below this value, that slot included (transformers'
             `AssistantConfidenceCriteria` rule, here with a fixed threshold). 0 (default): never.
+        draft_vocab_size (`int`, *optional*): if set to N, the drafter drafts among N fixed token ids only (the
+            model's `draft_vocab` buffer, saved with the weights: by default the most frequent target labels of its
+            training data, which its losses covered). Its base logits then read N rows of the target's lm_head
+            instead of all V (FR-Spec's frequency-ranked draft vocabulary): on CPUs that read bounds the draft step.
+            Other tokens get -inf draft logits. Lossless like every setting here: the target verifies every draft,
+            and sampled drafts are exact samples of the returned logits. None (default): the full vocabulary.
         target_model_type (`str`, *optional*): `model_type` of the target, recorded for error messages.
         layer_types (`list[str]`, *optional*): per drafter layer, `"full_attention"` (the whole context, as in the
             dFlash paper; the default) or `"sliding_attention"`: a block token at position p sees a key at position k
@@ -119,6 +125,7 @@ class XPressDrafterConfig(PreTrainedConfig):
     jacobi_passes: int = 6
     jacobi_early_stop: bool = True
     refiner_shortlist: int | None = None
+    draft_vocab_size: int | None = None
     num_assistant_tokens: int | None = None
     num_assistant_tokens_schedule: str = "constant"
     assistant_confidence_threshold: float = 0.0
@@ -164,6 +171,11 @@ class XPressDrafterConfig(PreTrainedConfig):
         if self.refiner_shortlist is not None and not 1 <= self.refiner_shortlist <= self.vocab_size:
             raise ValueError(
                 f"XPressDrafterConfig: refiner_shortlist must be None or in [1, vocab_size], got {self.refiner_shortlist}."
+            )
+        if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(
+                f"XPressDrafterConfig: draft_vocab_size must be None or in [1, vocab_size = {self.vocab_size}], got "
+                f"{self.draft_vocab_size}."
             )
         if self.num_assistant_tokens is not None and not 1 <= self.num_assistant_tokens < self.block_size:
             raise ValueError(

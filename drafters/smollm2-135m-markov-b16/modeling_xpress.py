@@ -422,6 +422,8 @@ class XPressPreTrainedModel(PreTrainedModel):
         if isinstance(module, XPressCausalMixer):
             init.zeros_(module.L)
             init.copy_(module.tril, torch.tril(torch.ones_like(module.tril)))
+        if getattr(module, "draft_vocab", None) is not None:  # not in the checkpoint: "not set", refused when used
+            init.constant_(module.draft_vocab, -1)
 
 
 class XPressDrafterModel(XPressPreTrainedModel):
@@ -445,9 +447,57 @@ class XPressDrafterModel(XPressPreTrainedModel):
             self.refiner = XPressMarkovHead(config)
         else:
             self.refiner = None
+        # The token ids this drafter drafts among (`config.draft_vocab_size`), saved with the weights; -1 until set.
+        size = config.draft_vocab_size
+        self.register_buffer("draft_vocab", None if size is None else torch.full((size,), -1, dtype=torch.long))
+        self._draft_rows = None  # (key, lm_head rows of draft_vocab), see draft_logits()
         self.stats = None  # set by the candidate generator at each generate() call
         self._fast_refine = None  # set by enable_fast_refine()
         self.post_init()
+
+    def set_draft_vocab(self, token_ids: torch.Tensor | list[int] | None) -> None:
+        """Draft among `token_ids` only (see `XPressDrafterConfig.draft_vocab_size`); None: the whole vocabulary.
+
+        Stored in `draft_vocab` (sorted) and `config.draft_vocab_size`, so `save_pretrained` keeps both."""
+        self._draft_rows = None
+        if token_ids is None:
+            self.config.draft_vocab_size = None
+            self.draft_vocab = None
+            return
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten()
+        V = self.config.vocab_size
+        if ids.numel() == 0 or ids.min() < 0 or ids.max() >= V:
+            raise ValueError(f"set_draft_vocab: token ids must be a non-empty set within [0, vocab_size = {V}).")
+        unique = ids.unique()  # sorted
+        if unique.numel() != ids.numel():
+            raise ValueError(f"set_draft_vocab: {ids.numel() - unique.numel()} token ids are repeated.")
+        self.config.draft_vocab_size = unique.numel()
+        self.draft_vocab = unique.to(self.device)
+
+    def draft_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """Base logits `s_k` through the target's lm_head, float32, in the head's device and dtype: hidden `[N, S, H]`
+        -> `[N, S, V]`. With a draft vocabulary only its rows of the head are read (gathered once per head weight);
+        every other token gets -inf."""
+        hidden = hidden.to(lm_head.weight.device, lm_head.weight.dtype)
+        if self.draft_vocab is None:
+            return lm_head(hidden).float()
+        weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
+        key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, self.draft_vocab.data_ptr())
+        if self._draft_rows is None or self._draft_rows[0] != key:
+            if bool((self.draft_vocab < 0).any()):
+                raise ValueError(
+                    f"This drafter's config sets draft_vocab_size={self.config.draft_vocab_size} but its checkpoint has "
+                    "no `draft_vocab` ids (a truncated or hand-edited checkpoint?). Call set_draft_vocab(ids), or "
+                    "set_draft_vocab(None) to draft over the whole vocabulary."
+                )
+            ids = self.draft_vocab.to(weight.device)
+            with torch.no_grad():
+                rows = (weight[ids].detach(), None if bias is None else bias[ids].detach())
+            self._draft_rows = (key, ids, rows)
+        _, ids, (w, b) = self._draft_rows
+        out = torch.full((*hidden.shape[:-1], weight.shape[0]), float("-inf"), device=hidden.device)
+        out[..., ids] = F.linear(hidden, w, b).float()
+        return out
 
     def enable_fast_refine(self, mode: str | None = "reduce-overhead", backend: str = "inductor") -> None:
         """Run xPress refinement through `XPressRefiner.refine_fixed` compiled with `torch.compile(fullgraph=True)`.

@@ -1066,8 +1066,9 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict:
-        """Held-out loss (training vocabulary), per-slot greedy acceptance of the inference-time drafts (full
-        vocabulary, K Jacobi passes / Markov decode), tau estimates; fixed anchors."""
+        """Held-out loss (training vocabulary), per-slot greedy acceptance of the inference-time drafts (over the
+        draft vocabulary the saved drafter will use: the training vocabulary, or the whole one with
+        `draft_vocab=False`; K Jacobi passes / Markov decode), tau estimates; fixed anchors."""
         model = self._refiner_owner()
         model.eval()
         generator = torch.Generator().manual_seed(12345)
@@ -1084,6 +1085,10 @@ class Trainer:
             generator.set_state(state)  # the same anchors, full vocabulary
             packed = pack_blocks(model, self.embed, self.lm_head, seqs, feats, finals, self.cfg.eval_anchors, generator)
             hidden, base = drafter_outputs(model, self.lm_head, packed)
+            if self.vocab is not None and self.cfg.draft_vocab:  # as `XPressDrafterModel.draft_logits` does
+                outside = torch.ones(base.shape[-1], dtype=torch.bool, device=base.device)
+                outside[self.vocab] = False
+                base = base.masked_fill(outside, float("-inf"))
             drafts = draft_blocks(model, hidden.float(), base.float(), packed.blocks.anchor_prev)
             correct.append(drafts == packed.blocks.labels)
             valid.append(packed.blocks.valid)
@@ -1484,7 +1489,7 @@ Trained with `hf-xpress train` (see `scripts/` and `docs/training.md` in the hf-
 {_warm_start_line(cfg, state, saved.get("earlier_runs"))}{inference}- **Shipped checkpoint**: `{args.checkpoint}`, step {shipped_step}{f" (best held-out tau_est of the run: {best['tau_est']:.3f} at step {best['step']})" if best else ''}.
 
 Learning curve (held-out: loss on the training vocabulary; per-slot greedy acceptance of the inference-time drafts,
-full vocabulary, against the target's argmax; tau_est = 1 + sum_k prod_(j<=k) acc_j; tau_block = 1 + mean leading run of
+{'drafted among the training vocabulary' if cfg.get('train_vocab') and cfg.get('draft_vocab', False) else 'full vocabulary'}, against the target's argmax; tau_est = 1 + sum_k prod_(j<=k) acc_j; tau_block = 1 + mean leading run of
 correct drafts):
 
 {learning_curve_markdown(history)}

@@ -489,6 +489,22 @@ def test_saved_drafters_draft_among_the_training_vocabulary_and_ship_can_change_
     assert "drafts among 20 token ids" in (tmp_path / "again" / "README.md").read_text()
 
 
+@pytest.mark.parametrize("draft_vocab", [True, False])
+def test_heldout_acceptance_drafts_over_the_vocabulary_the_saved_drafter_uses(tmp_path, monkeypatch, draft_vocab):
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target)
+    trainer = T.Trainer(_cfg(data, tmp_path / "run", train_vocab=20, draft_vocab=draft_vocab), target=target)
+    seen = []
+    original = T.draft_blocks
+    monkeypatch.setattr(T, "draft_blocks", lambda model, hidden, base, prev: seen.append(base) or original(model, hidden, base, prev))
+    trainer.evaluate()
+    outside = torch.ones(V, dtype=torch.bool)
+    outside[trainer.vocab] = False
+    assert seen and all(bool(torch.isinf(b[..., outside]).all()) == draft_vocab for b in seen)
+    assert all(torch.isfinite(b[..., ~outside]).all() for b in seen)
+
+
 def test_measure_tau_is_lossless_and_pools_rounds(monkeypatch):
     from hf_xpress import assets
 

@@ -893,6 +893,7 @@ class Trainer:
             cache = FeatureCache(cfg.feature_cache, int(self.data.offsets[-1]), width, self.drafter.config.target_layer_ids)
             if cache.num_done >= self.num_sequences:
                 self.cache = cache
+                self._release_target_layers()
             else:
                 print(f"[train] feature cache covers {cache.num_done} < {self.num_sequences} sequences: computing features "
                       f"on the fly (--max-sequences {cache.num_done} trains on the cached ones only)")
@@ -909,6 +910,16 @@ class Trainer:
         self.earlier_runs = earlier_runs(cfg.init_drafter)  # read now: shipping may later overwrite that folder
         self.stop_requested = False
         self.out = Path(cfg.out)
+
+    def _release_target_layers(self) -> None:
+        """With every feature cached, training reads only the target's embedding and lm_head: free its decoder layers
+        (most of its memory: 2.6 of 3.1 GB for Qwen2.5-Coder-1.5B in bf16, per training process)."""
+        decoder = self.target.get_decoder() if hasattr(self.target, "get_decoder") else None
+        layers = getattr(decoder, "layers", None)
+        if isinstance(layers, torch.nn.ModuleList):
+            freed = sum(p.numel() * p.element_size() for p in layers.parameters())
+            decoder.layers = torch.nn.ModuleList()
+            print(f"[train] every feature is cached: released the target's decoder layers ({freed / 1e9:.2f} GB)", flush=True)
 
     # ---- model ----------------------------------------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ SETS=(--sets humaneval,mtbench,math500 --limit "${LIMIT:-2}" --max-new-tokens 96
 COMMON=(--target "$TARGET" --data "$DATA" --feature-cache "$CACHE" --layers 2 --intermediate-size 3072
         --layer-ids "$LAYER_IDS" --block-size 16 --refiner-rank 128 --train-vocab 8192 --anchors-per-seq 16
         --batch-size 4 --grad-accum 1 --lr 1e-3 --max-steps "${STEPS:-600}" --mixed-precision bf16
-        --eval-every 100 --save-every 25 --heldout-every 25 --heldout-seqs 24 --eval-anchors 8 --seed 0 --threads 1)
+        --eval-every 100 --save-every 50 --heldout-every 25 --heldout-seqs 24 --eval-anchors 8 --seed 0 --threads 1)
 
 case "${1:-}" in
   costs)

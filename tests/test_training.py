@@ -302,8 +302,10 @@ def test_max_sequences_trains_on_a_prefix_that_a_partial_cache_covers(tmp_path, 
     kw = dict(layer_ids=[1, 4], feature_cache=str(tmp_path / "cache"), max_steps=2, eval_every=2)
     whole = T.Trainer(_cfg(data, tmp_path / "whole", **kw), target=target)
     assert whole.cache is None and "--max-sequences 4 trains on the cached ones only" in capsys.readouterr().out
-    prefix = T.Trainer(_cfg(data, tmp_path / "prefix", max_sequences=4, **kw), target=target)
+    assert len(whole.target.model.layers) == 6  # features computed on the fly: the target stays whole
+    prefix = T.Trainer(_cfg(data, tmp_path / "prefix", max_sequences=4, **kw), target=tiny_llama())
     assert prefix.cache is not None and prefix.num_sequences == 4
+    assert len(prefix.target.model.layers) == 0  # every feature cached: only the embedding and lm_head are kept
     assert prefix.heldout == [0] and prefix.train_ids == [1, 2, 3]
     prefix.cache.read = lambda a, b, read=prefix.cache.read: read(a, b) if b <= int(prefix.data.offsets[4]) else 1 / 0
     prefix.target.forward = lambda *a, **k: 1 / 0  # features come from the cache only

@@ -732,7 +732,11 @@ def export_vllm(drafter: XPressDrafterModel, output: str | os.PathLike, *, dtype
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     target_dtype = _dtype(dtype, next(drafter.parameters()).dtype)
-    state = {k: v.detach().to("cpu", target_dtype).contiguous() for k, v in drafter.state_dict().items()}
+    state = {k: v.detach().to("cpu", target_dtype).contiguous() for k, v in drafter.state_dict().items()
+             if k != "draft_vocab"}
+    if config.draft_vocab_size is not None:
+        logger.warning("%s: vLLM's dFlash layout has no draft vocabulary; the exported drafter drafts over the whole "
+                       "vocabulary (%d of its tokens were trained).", out, config.draft_vocab_size)
     tensors = {k: v for k, v in state.items() if not k.startswith("refiner.")}
     refiner = {k.removeprefix("refiner."): v for k, v in state.items() if k.startswith("refiner.")}
     cfg = dflash_config_dict(config, target_dtype)

@@ -624,6 +624,19 @@ def test_vllm_export_layout_and_round_trip(tmp_path, target, converted, refiner)
     assert spec == {"method": result.method, "model": str(tmp_path / "vllm"), "num_speculative_tokens": B - 1}
 
 
+def test_vllm_export_drops_the_draft_vocabulary_with_a_warning(tmp_path, converted, caplog):
+    import copy
+
+    drafter = copy.deepcopy(converted["xpress"])
+    drafter.set_draft_vocab(torch.arange(0, V, 2))
+    with caplog.at_level("WARNING"):
+        cv.export_vllm(drafter, tmp_path / "vllm")
+    assert "no draft vocabulary" in caplog.text
+    assert "draft_vocab" not in load_file(tmp_path / "vllm" / "model.safetensors")
+    back = cv.load_checkpoint(tmp_path / "vllm")
+    assert back.draft_vocab is None and back.config.draft_vocab_size is None
+
+
 @pytest.mark.parametrize("kind", ["xpress", "markov"])
 def test_folders_written_by_the_official_vllm_converters_import(tmp_path, kind):
     """vllm_xpress/convert_xpress_to_vllm.py and convert_markov_to_vllm_dspark.py: z-lab config.json updated with the

@@ -74,7 +74,7 @@ PY
     hf-xpress bench --drafter runs/draft-vocab/smollm2-135m-dflash-b16 --drafter runs/draft-vocab/smollm2-135m-markov-b16 \
       --drafter runs/draft-vocab/smollm2-135m-xpress-b16 --sets humaneval,mtbench,math500 --limit 3 \
       --max-new-tokens 96 --temperature 0 --passes 2 --early-stop on --shortlist 64 --drafts 2 --draft-vocab on,off \
-      --no-native-dflash --dtype bfloat16 --threads 2 --out results/smollm2-bf16-draft-vocab
+      --no-native-dflash --dtype bfloat16 --threads "${THREADS:-2}" --out results/smollm2-bf16-draft-vocab
     ;;
   fp32|all)
     hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 2 --max-new-tokens 64 --passes 4 \

@@ -792,11 +792,17 @@ def training_vocabulary(data: Dataset, seq_ids: list[int], size: int, vocab_size
     return top, float(counts[top].sum() / max(counts.sum(), 1))
 
 
+def training_split(num_labelled: int, max_sequences: int | None, heldout_every: int) -> tuple[int, list[int], list[int]]:
+    """The sequences a run uses (the first `max_sequences` labelled ones, default all): `(count, training ids,
+    held-out candidates)`, every `heldout_every`-th sequence held out."""
+    used = min(num_labelled, max_sequences or num_labelled)
+    return (used, [i for i in range(used) if i % heldout_every != 0], [i for i in range(used) if i % heldout_every == 0])
+
+
 def run_training_vocabulary(cfg: dict, vocab_size: int) -> np.ndarray:
     """The training vocabulary of a finished run from its saved config (same data, split and size as in training)."""
     data = Dataset.load(cfg["data"])
-    n = min(data.num_labelled, cfg.get("max_sequences") or data.num_labelled)
-    train_ids = [i for i in range(n) if i % cfg["heldout_every"] != 0]
+    _, train_ids, _ = training_split(data.num_labelled, cfg.get("max_sequences"), cfg["heldout_every"])
     return training_vocabulary(data, train_ids, cfg["train_vocab"], vocab_size)[0]
 
 
@@ -881,10 +887,9 @@ class Trainer:
         if cfg.max_sequences is not None and cfg.max_sequences < 1:
             raise ValueError(f"max_sequences must be a positive number of sequences, got {cfg.max_sequences}")
         # A prefix of the labelled set: a data-volume ablation, or what a partly rebuilt feature cache covers.
-        self.num_sequences = min(self.data.num_labelled, cfg.max_sequences or self.data.num_labelled)
-        labelled = range(self.num_sequences)
-        self.heldout = [i for i in labelled if i % cfg.heldout_every == 0][: cfg.heldout_seqs]
-        self.train_ids = [i for i in labelled if i % cfg.heldout_every != 0]
+        self.num_sequences, self.train_ids, heldout = training_split(self.data.num_labelled, cfg.max_sequences,
+                                                                     cfg.heldout_every)
+        self.heldout = heldout[: cfg.heldout_seqs]
         self.vocab = self._training_vocabulary(self.target.config.get_text_config().vocab_size)
         self.drafter = self._build_drafter()
         self.cache = None
@@ -1453,7 +1458,7 @@ def ship_main(args: argparse.Namespace) -> int:
     inference += _set_draft_vocab(out, getattr(args, "draft_vocab", "keep"), cfg)
     manifest = json.loads((Path(cfg["data"]) / "manifest.json").read_text())
     data = Dataset.load(cfg["data"])
-    used = min(data.num_labelled, cfg.get("max_sequences") or data.num_labelled)
+    used, _, heldout = training_split(data.num_labelled, cfg.get("max_sequences"), cfg["heldout_every"])
     labelled_tokens = int(data.offsets[used])
     extended = "".join(
         f" Extended with `{e['sources']}` (seed {e['seed']}, ShareGPT conversations {e['skip_prompts']}+ , up to "
@@ -1487,7 +1492,7 @@ Trained with `hf-xpress train` (see `scripts/` and `docs/training.md` in the hf-
   `{manifest['sources']}`, seed {manifest['seed']}: ShareGPT first exchanges with their existing responses and Python
   standard-library source shown as code blocks, chat template applied, max {manifest['max_len']} tokens), labelled by
   one teacher-forced target forward (targets = the target's own next-token distribution and argmax at each
-  position).{extended} Every {cfg['heldout_every']}th sequence held out ({min(cfg['heldout_seqs'], len(range(0, used, cfg['heldout_every'])))} used for evaluation).
+  position).{extended} Every {cfg['heldout_every']}th sequence held out ({min(cfg['heldout_seqs'], len(heldout))} used for evaluation).
 - **Drafter**: {cfg['layers']} layers, target layers {cfg['layer_ids']}, block {cfg['block_size']}, refiner
   `{refiner}` (rank {cfg['refiner_rank']}); {_count_parameters(out) / 1e6:.2f}M parameters stored as bf16 safetensors.
 - **Objective**: {'dFlash CE against the target argmax' if refiner is None else ('teacher-forced + 0.6 x drafter-anchor' if refiner == 'markov' else 'teacher-forced + 0.3 x mean of 3 free-running Jacobi rounds + 0.6 x drafter-anchor')}{'' if refiner is None else ', each 0.1 x CE + 0.9 x TV(q, p_target)'}, slot weights exp(-(k-1)/{cfg['gamma']}).

@@ -450,7 +450,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
         # The token ids this drafter drafts among (`config.draft_vocab_size`), saved with the weights; -1 until set.
         size = config.draft_vocab_size
         self.register_buffer("draft_vocab", None if size is None else torch.full((size,), -1, dtype=torch.long))
-        self._draft_rows = None  # (key, lm_head rows of draft_vocab), see draft_logits()
+        self._draft_rows = None  # (key, ids, (lm_head rows, bias rows)) of draft_vocab, see draft_logits()
         self.stats = None  # set by the candidate generator at each generate() call
         self._fast_refine = None  # set by enable_fast_refine()
         self.post_init()

@@ -1009,6 +1009,7 @@ def block_latency(
     warmup: int = 3,
     seed: int = 0,
     verbose: bool = True,
+    compiled: bool = False,
     **drafter_overrides,
 ) -> dict:
     """Median per-block latencies (ms) of one drafting round at the drafter's block size B.
@@ -1019,6 +1020,9 @@ def block_latency(
     - ``refine[K]``: ``drafter.propose`` with K fixed Jacobi passes (early stop off), seed argmax included;
       ``refine[0]`` is the seed alone. ``per_pass``: least-squares slope of refine over K.
     - ``markov``: the Markov head's sequential decode of the B-1 slots (same propose call).
+    - ``compiled=True``: also ``refine_compiled[K]``, the same calls through ``enable_fast_refine()`` (the fixed-K
+      loop compiled by ``torch.compile``; a CUDA graph on a GPU, C++ kernels on a CPU), compiled before timing,
+      and ``markov_compiled``, the Markov head's propose compiled the same way.
     - pieces of one pass: ``w2_read`` (r -> V over B-1 slots), ``refiner_hidden_part`` (once per block).
     - ``verify``: the target over B tokens (logits for all, the drafter's hidden-state layers kept) after a
       ``context_length`` cache; ``decode_step``: the target over 1 token. Both cropped back after each repeat.
@@ -1112,8 +1116,28 @@ def block_latency(
         t_delta = _median_time(lambda: xpress.delta(hp, prev), device, repeats, warmup)
         t_argmax = _median_time(lambda: (base_logits + 0.0).argmax(dim=-1), device, repeats, warmup)
         t_markov_step = _median_time(lambda: markov(lead[:, 1:]), device, repeats, warmup)
+        refine_compiled: dict[int, float] = {}
+        mode = "reduce-overhead" if device.type == "cuda" else None
+        if compiled:
+            drafter.enable_fast_refine(mode=mode)
+            try:
+                for k in sorted(set(passes) - {0}):
+                    call = lambda k=k: drafter.propose(hidden, base_logits, lead, passes=k, early_stop=False)  # noqa: E731
+                    call()  # compiles for this K
+                    refine_compiled[k] = _median_time(call, device, repeats, warmup)
+            finally:
+                drafter.disable_fast_refine()
         drafter.refiner = markov
         t_markov = _median_time(lambda: drafter.propose(hidden, base_logits, lead), device, repeats, warmup)
+        t_markov_compiled = None
+        if compiled:  # the fair comparison: the Markov head's propose compiled the same way
+            def markov_block(h, b, lead_tokens):
+                proposal = drafter.propose(h, b, lead_tokens)
+                return proposal.tokens, proposal.scores
+
+            markov_compiled = torch.compile(markov_block, fullgraph=True, mode=mode)
+            markov_compiled(hidden, base_logits, lead)
+            t_markov_compiled = _median_time(lambda: markov_compiled(hidden, base_logits, lead), device, repeats, warmup)
     finally:
         drafter.refiner = original
     t_verify = _median_time(verify, device, repeats, warmup)
@@ -1145,6 +1169,8 @@ def block_latency(
         "draft_ms": draft * ms,
         "refine_ms": {int(k): v * ms for k, v in refine.items()},
         "per_pass_ms": slope * ms,
+        **({"refine_compiled_ms": {int(k): v * ms for k, v in refine_compiled.items()}} if refine_compiled else {}),
+        **({"markov_compiled_ms": t_markov_compiled * ms} if t_markov_compiled is not None else {}),
         "markov_ms": t_markov * ms,
         "refiner_hidden_part_ms": t_hidden_part * ms,
         "refiner_delta_ms": t_delta * ms,
@@ -1218,9 +1244,13 @@ def format_block_table(r: dict) -> str:
     for k, v in sorted(r["refine_ms"].items()):
         extra = f" ({v / r['draft_ms']:.0%} of draft)" if k else " (seed argmax only)"
         lines.append(f"| xPress refine K={k}{shortlist if k else ''}{extra} | {v:.3f} |")
+    for k, v in sorted(r.get("refine_compiled_ms", {}).items()):
+        lines.append(f"| xPress refine K={k}{shortlist}, compiled ({v / r['draft_ms']:.0%} of draft) | {v:.3f} |")
     lines += [
         f"| per extra pass (slope) | {r['per_pass_ms']:.3f} |",
         f"| Markov head, {r['block_size'] - 1} sequential steps{shortlist} | {r['markov_ms']:.3f} |",
+        *([f"| Markov head, {r['block_size'] - 1} sequential steps{shortlist}, compiled | {r['markov_compiled_ms']:.3f} |"]
+          if "markov_compiled_ms" in r else []),
         f"| refiner hidden part (once per block) | {r['refiner_hidden_part_ms']:.3f} |",
         f"| refiner delta (one pass, no argmax) | {r['refiner_delta_ms']:.3f} |",
         f"| w2 read r x V ({r['block_size'] - 1} slots) | {r['w2_read_ms']:.3f} |",
@@ -1239,6 +1269,11 @@ def format_block_table(r: dict) -> str:
             f"Goal K=4 < 25% of draft: {'met' if goals['k4_under_25pct_of_draft'] else 'NOT met'} "
             f"({goals['k4_over_draft']:.0%}).",
         ]
+        compiled_k4, compiled_markov = r.get("refine_compiled_ms", {}).get(4), r.get("markov_compiled_ms")
+        if compiled_k4 is not None and compiled_markov is not None:
+            lines.append(f"Both compiled (torch.compile): K=4 {compiled_k4:.3f} ms vs the Markov head "
+                         f"{compiled_markov:.3f} ms ({compiled_k4 / compiled_markov:.2f}x; "
+                         f"{'met' if compiled_k4 < compiled_markov else 'NOT met'}), {compiled_k4 / r['draft_ms']:.0%} of draft.")
     if r.get("dominant"):
         lines += ["", r["dominant"]]
     return "\n".join(lines)
@@ -1249,7 +1284,13 @@ def plot_block_latency(r: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
     ks = sorted(r["refine_ms"])
     ax.plot(ks, [r["refine_ms"][k] for k in ks], marker="o", label="xPress refine (fixed K)")
+    compiled = r.get("refine_compiled_ms") or {}
+    if compiled:
+        kc = sorted(compiled)
+        ax.plot(kc, [compiled[k] for k in kc], marker="s", label="xPress refine, compiled (enable_fast_refine)")
     ax.axhline(r["markov_ms"], color="tab:red", ls="--", label="Markov head (sequential)")
+    if "markov_compiled_ms" in r:
+        ax.axhline(r["markov_compiled_ms"], color="tab:purple", ls="--", label="Markov head, compiled")
     ax.axhline(0.25 * r["draft_ms"], color="tab:green", ls=":", label="25% of draft (forward + lm_head)")
     ax.axhline(r["draft_ms"], color="tab:blue", ls="-.", label="draft (forward + lm_head)")
     ax.set_xlabel("K (Jacobi passes)")
@@ -1346,7 +1387,7 @@ def main(args: argparse.Namespace) -> int:
         else:
             overrides["refiner_shortlist"] = block_shortlist
         block = block_latency(target, xp, passes=range(1, 9), context_length=args.block_context,
-                              repeats=args.block_repeats, **overrides)
+                              repeats=args.block_repeats, compiled=args.block_compiled, **overrides)
         if args.block_only:
             out_dir.mkdir(parents=True, exist_ok=True)
             payload = _json_safe({"settings": settings, **block})
@@ -1459,6 +1500,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--block-latency", action="store_true", help="also run the per-block micro-benchmark")
     p.add_argument("--block-context", type=int, default=256, help="context length for the per-block benchmark")
     p.add_argument("--block-repeats", type=int, default=20)
+    p.add_argument("--block-compiled", action="store_true",
+                   help="per-block benchmark: also time xPress refinement compiled (enable_fast_refine; torch.compile)")
     p.add_argument("--block-layers", type=int, default=3,
                    help="layers of the random drafter when no --drafter is given")
     p.add_argument("--block-rank", type=int, default=256, help="refiner rank of the random drafter (no --drafter)")

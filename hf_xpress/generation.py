@@ -127,6 +127,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         # Drafts per round and where they end: the drafter's settings, as transformers reads a classic assistant's
         # from `assistant_model.generation_config` (generate() fills the target's with defaults, so a value there
         # cannot tell a user's choice from the default).
+        self.needs_logits = self.do_sample or getattr(generation_config, "assistant_ensemble_weight", None) is not None
         self.schedule = self.config.num_assistant_tokens_schedule
         self.confidence_threshold = float(self.config.assistant_confidence_threshold)
         cap = self.config.num_assistant_tokens
@@ -180,7 +181,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             logits_hook=self._logits_hook(input_ids) if self.logits_processor else None,
         )
         if self.confidence_threshold > 0:
-            num_drafts = self._confident_prefix(proposal.tokens, proposal.logits)
+            num_drafts = self._confident_prefix(proposal.token_log_probs())
         end = self._clock()
 
         self.stats.draft_time += drafted - start
@@ -191,14 +192,14 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         self._proposed_this_round = num_drafts
         self._verify_start = end
         candidate_ids = torch.cat([input_ids, proposal.tokens[:, :num_drafts].to(input_ids.device)], dim=1)
-        return candidate_ids, proposal.logits[:, :num_drafts]
+        # Greedy verification compares tokens only; the logits (q) are for speculative sampling and ensembling.
+        return candidate_ids, proposal.logits[:, :num_drafts] if self.needs_logits else None
 
-    def _confident_prefix(self, tokens: torch.LongTensor, logits: torch.Tensor) -> int:
-        """Drafts up to and including the first whose probability under `logits` (`[1, S, V]`) is below the
-        threshold (all S if none is). tokens: `[1, S]`."""
-        chosen = logits[0].log_softmax(-1).gather(-1, tokens[0, :, None])[:, 0]
-        low = (chosen < math.log(self.confidence_threshold)).nonzero()
-        return int(low[0]) + 1 if low.numel() else tokens.shape[1]
+    def _confident_prefix(self, log_probs: torch.Tensor) -> int:
+        """Drafts up to and including the first whose log-probability (`[1, S]`) is below the threshold's (all S if
+        none is)."""
+        low = (log_probs[0] < math.log(self.confidence_threshold)).nonzero()
+        return int(low[0]) + 1 if low.numel() else log_probs.shape[1]
 
     def _draft_forward(self, input_ids: torch.LongTensor, model_outputs) -> torch.Tensor:
         """Add the new target features to the drafter's cache and run the block. Returns hidden `[1, B, H]`."""

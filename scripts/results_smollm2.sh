@@ -17,9 +17,9 @@ D=(--drafter drafters/smollm2-135m-dflash-b16 --drafter drafters/smollm2-135m-ma
 case "${1:-all}" in
   block|all)
     hf-xpress bench --block-only --drafter drafters/smollm2-135m-xpress-b16 --dtype bfloat16 --threads 2 \
-      --block-repeats 30 --out results/block-smollm2-bf16 --no-progress
+      --block-repeats 100 --block-compiled --out results/block-smollm2-bf16 --no-progress
     hf-xpress bench --block-only --drafter drafters/smollm2-135m-xpress-b16 --dtype bfloat16 --threads 2 \
-      --block-repeats 30 --shortlist 64 --out results/block-smollm2-bf16-sl64 --no-progress
+      --block-repeats 100 --shortlist 64 --block-compiled --out results/block-smollm2-bf16-sl64 --no-progress
     ;;&
   bf16|all)
     hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 \

@@ -12,7 +12,8 @@ import torch
 
 from hf_xpress import XPressStats
 from hf_xpress.benchmarking import (
-    Method, _drafter_settings, block_latency, build_methods, run_benchmark, select_methods, summarize,
+    Method, _drafter_settings, block_latency, build_methods, format_block_table, run_benchmark, select_methods,
+    summarize,
 )
 from hf_xpress.cli import build_parser, main as cli_main
 
@@ -185,6 +186,16 @@ def test_block_latency_positive_for_every_k(llama, refiner):
         assert r[key] > 0, key
     assert set(r["goals"]) >= {"k4_below_markov", "k4_under_25pct_of_draft"}
     assert r["block_size"] == 16
+
+
+def test_block_latency_also_times_the_compiled_refinement(llama):
+    drafter = tiny_drafter(llama, "xpress", refiner_shortlist=8)
+    r = block_latency(llama, drafter, passes=[4], context_length=8, repeats=2, warmup=1, verbose=False, compiled=True)
+    assert set(r["refine_compiled_ms"]) == {4} and r["refine_compiled_ms"][4] > 0
+    assert drafter._fast_refine is None  # compiled only for the measurement
+    table = format_block_table(r)
+    assert r["markov_compiled_ms"] > 0
+    assert "K=4, shortlist 8, compiled" in table and "Both compiled (torch.compile): K=4" in table
 
 
 def test_block_latency_builds_a_random_drafter(llama):

@@ -13,6 +13,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from hf_xpress import XPressDrafterModel
 from hf_xpress.generation import XPressCandidateGenerator
+from hf_xpress.modeling_xpress import DraftProposal
 
 from conftest import tiny_drafter, tiny_target
 
@@ -65,7 +66,7 @@ def oracle(monkeypatch):
     def get_candidates(self, input_ids, **kwargs):
         ids, logits = original(self, input_ids, **kwargs)
         state["generators"].append(self)
-        if logits is None:
+        if ids.shape[1] == input_ids.shape[1]:  # no drafts this round (logits are None under greedy anyway)
             return ids, logits
         state["last_draft_len"] = input_ids.shape[1]
         start, n = input_ids.shape[1], ids.shape[1] - input_ids.shape[1]
@@ -192,9 +193,42 @@ def test_confidence_threshold_cuts_after_the_first_unconfident_draft(target):
     for slot, p in enumerate([0.9, 0.5, 0.2, 0.9]):  # probability of each slot's drafted token
         logits[0, slot, tokens[0, slot]] = 0.0
         logits[0, slot, 0] = torch.log(torch.tensor((1 - p) / p))  # the rest of the mass on token 0
-    assert generator._confident_prefix(tokens, logits) == 3  # slot 3 (p 0.2) is the last one submitted
+    full = DraftProposal(tokens, logits, 0)
+    assert generator._confident_prefix(full.token_log_probs()) == 3  # slot 3 (p 0.2) is the last one submitted
     generator.confidence_threshold = 0.1
-    assert generator._confident_prefix(tokens, logits) == 4
+    assert generator._confident_prefix(full.token_log_probs()) == 4
+    # a shortlisted proposal (scores of 3 candidates per slot) gives the log-probabilities of its full logits
+    candidates = torch.stack([torch.tensor([0, t, 7]) for t in tokens[0].tolist()])[None]
+    shortlist = DraftProposal(tokens, logits.gather(-1, candidates), 0, candidates, 8)
+    expected = torch.full_like(logits, float("-inf")).scatter(-1, candidates, logits.gather(-1, candidates))
+    torch.testing.assert_close(shortlist.token_log_probs(), DraftProposal(tokens, expected, 0).token_log_probs())
+    torch.testing.assert_close(shortlist.logits, expected)
+    assert shortlist.candidates is None  # built once, then kept
+
+
+@pytest.mark.parametrize("shortlist", [None, 4])
+def test_candidate_logits_go_to_transformers_only_when_verification_reads_them(target, shortlist, monkeypatch):
+    """Greedy verification compares tokens: no [1, S, V] logits are built (a shortlist's full logits are never
+    spread out); sampling gets q, -inf outside the shortlist."""
+    drafter = tiny_drafter(target, "xpress", refiner_shortlist=shortlist)
+    seen = []
+    original = XPressCandidateGenerator.get_candidates
+
+    def spy(self, input_ids, **kwargs):
+        ids, logits = original(self, input_ids, **kwargs)
+        if ids.shape[1] > input_ids.shape[1]:
+            seen.append((ids.shape[1] - input_ids.shape[1], logits))
+        return ids, logits
+
+    monkeypatch.setattr(XPressCandidateGenerator, "get_candidates", spy)
+    ids = torch.randint(0, 126, (1, 9))
+    target.generate(ids, assistant_model=drafter, max_new_tokens=20, do_sample=False)
+    assert seen and all(logits is None for _, logits in seen)
+    seen.clear()
+    target.generate(ids, assistant_model=drafter, max_new_tokens=20, do_sample=True, top_k=0)  # no processors
+    assert seen and all(logits.shape == (1, n, 128) for n, logits in seen)
+    if shortlist:
+        assert all(int(torch.isfinite(logits).sum(-1).max()) <= shortlist for _, logits in seen)
 
 
 @pytest.mark.parametrize("schedule", ["heuristic", "heuristic_transient"])

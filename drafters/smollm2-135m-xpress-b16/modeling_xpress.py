@@ -205,23 +205,25 @@ class XPressRefinerMLP(nn.Module):
         self.up_proj = nn.Linear(rank, hidden, bias=False)
         self.down_proj = nn.Linear(hidden, rank, bias=False)
 
-    def forward(self, x: torch.Tensor, gate_up: torch.Tensor | None = None) -> torch.Tensor:
-        """`gate_up`: `cat(gate_proj.weight, up_proj.weight)`, one matmul instead of two (inference)."""
-        if gate_up is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = (x @ gate_up.T).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Training; inference uses `RefinerTables.gate_up` / `down` (`XPressRefiner.features`)."""
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 @dataclass
 class RefinerTables:
-    """Products of the refiner's weights that inference reuses for every block (see `XPressRefiner.tables`)."""
+    """Products of the refiner's weights that inference reuses for every block (see `XPressRefiner.tables`).
+
+    Everything but the token table is float32: these matrices are tiny (r x r-sized), so float32 costs nothing on a
+    GPU and is faster than bfloat16 for such small matmuls on a CPU."""
 
     key: tuple
     hidden_in: torch.Tensor  # [r, H]: in_proj[:, :r] @ down_h
     pooled_in: torch.Tensor  # [r, H]: in_proj[:, r:2r] @ down_g
-    token_in: torch.Tensor  # [V, r]: w1 @ in_proj[:, 2r:].T, the Fuse input of every token
-    gate_up: torch.Tensor  # [2 * hidden, r]: the Trans MLP's gate and up projections stacked
+    token_in: torch.Tensor  # [V, r] (model dtype): w1 @ in_proj[:, 2r:].T, the Fuse input of every token
+    mixer: torch.Tensor  # [B, B, r]: the folded mixer (`mix.folded()`), indexed [k, j, channel]
+    gate_up: torch.Tensor  # [r, 2 * hidden]: the Trans MLP's gate and up projections, stacked and transposed
+    down: torch.Tensor  # [hidden, r]: the Trans MLP's down projection, transposed
 
 
 class XPressRefiner(nn.Module):
@@ -250,29 +252,33 @@ class XPressRefiner(nn.Module):
         + token_in[x]`, so a Jacobi pass reads one row per token instead of an embedding and a matmul. The token table
         is as large as `w1`.
         """
-        params = (self.w1.weight, self.in_proj.weight, self.down_h.weight, self.down_g.weight,
-                  self.mlp.gate_proj.weight, self.mlp.up_proj.weight)
+        mlp = self.mlp
+        params = (self.w1.weight, self.in_proj.weight, self.down_h.weight, self.down_g.weight, self.mix.L,
+                  mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight)
         key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
         cached = getattr(self, "_tables", None)
         if cached is not None and cached.key == key:
             return cached
         r, w = self.rank, self.in_proj.weight.detach().float()
-        dtype = self.in_proj.weight.dtype
         with torch.no_grad():
             tables = RefinerTables(
                 key=key,
-                hidden_in=(w[:, :r] @ self.down_h.weight.float()).to(dtype),
-                pooled_in=(w[:, r : 2 * r] @ self.down_g.weight.float()).to(dtype),
-                token_in=(self.w1.weight.float() @ w[:, 2 * r :].T).to(dtype),
-                gate_up=torch.cat([self.mlp.gate_proj.weight, self.mlp.up_proj.weight]).detach(),
+                hidden_in=w[:, :r] @ self.down_h.weight.float(),
+                pooled_in=w[:, r : 2 * r] @ self.down_g.weight.float(),
+                token_in=(self.w1.weight.float() @ w[:, 2 * r :].T).to(self.w1.weight.dtype),
+                mixer=self.mix.folded().detach().float().permute(1, 2, 0).contiguous(),
+                gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach().float().T.contiguous(),
+                down=mlp.down_proj.weight.detach().float().T.contiguous(),
             )
         self._tables = tables
         return tables
 
     def hidden_part(self, hidden: torch.Tensor, tables: RefinerTables | None = None) -> torch.Tensor:
-        """The token-independent part of `in_proj`, computed once per block. hidden: `[N, B, H]` -> `[N, B, r]`."""
+        """The token-independent part of `in_proj`, computed once per block. hidden: `[N, B, H]` -> `[N, B, r]`
+        (float32 with `tables`)."""
         pooled = hidden.mean(dim=1, keepdim=True)
         if tables is not None:
+            hidden, pooled = hidden.float(), pooled.float()
             return hidden @ tables.hidden_in.T + pooled @ tables.pooled_in.T
         r = self.rank
         w = self.in_proj.weight
@@ -285,9 +291,10 @@ class XPressRefiner(nn.Module):
         """Logit bias for slots `start..B-1`.
 
         hidden_part: `[N, B, r]` from `hidden_part()`; prev_tokens: `[N, B]`, the token before each slot
-        (slot 0: the token before the anchor). Returns `[N, B - start, V]`.
+        (slot 0: the token before the anchor). Returns `[N, B - start, V]` (the model's dtype).
         """
-        return self.w2(self.features(hidden_part, prev_tokens, start, mixer, tables))
+        x = self.features(hidden_part, prev_tokens, start, mixer, tables)
+        return self.w2(x.to(self.w2.weight.dtype))
 
     def features(
         self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, start: int = 1, mixer: torch.Tensor | None = None,
@@ -295,23 +302,40 @@ class XPressRefiner(nn.Module):
     ) -> torch.Tensor:
         """Fuse, Mix and Trans: the r-dim input of the read-out `w2` for slots `start..B-1`, `[N, B - start, r]`.
 
-        `mixer`: `self.mix.folded()` computed once per block (it does not depend on the tokens); `tables`:
-        `self.tables()` (inference)."""
+        Training: `mixer` may be `self.mix.folded()` computed once for many calls. Inference: `tables` (`self.tables()`,
+        `mixer` unused); then the whole computation is float32, for blocks of up to `block_size` slots
+        (`B` = prev_tokens.shape[1])."""
         if tables is None:
             tokens = self.w1(prev_tokens) @ self.in_proj.weight[:, 2 * self.rank :].T
-        else:
-            tokens = F.embedding(prev_tokens, tables.token_in)
-        x = self.mix(hidden_part + tokens, mixer)[:, start:]
-        return x + self.mlp(x, None if tables is None else tables.gate_up)
+            x = self.mix(hidden_part + tokens, mixer)[:, start:]
+            return x + self.mlp(x)
+        n = prev_tokens.shape[1]
+        x = F.embedding(prev_tokens, tables.token_in).float() + hidden_part  # [N, B, r]
+        # Mix: row k = sum_j mixer[k, j, c] x[j, c]; an elementwise product and a sum are far cheaper than r tiny
+        # matmuls (`XPressCausalMixer.forward`) on a CPU.
+        x = (tables.mixer[start:n, :n] * x.unsqueeze(-3)).sum(-2)  # [N, B - start, r]
+        flat = x.flatten(0, 1)
+        gate, up = (flat @ tables.gate_up).chunk(2, dim=-1)
+        return torch.addmm(flat, F.silu(gate) * up, tables.down).view_as(x)  # residual + down projection, one op
 
     def delta_shortlist(
         self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, rows: torch.Tensor, start: int = 1,
         mixer: torch.Tensor | None = None, tables: RefinerTables | None = None,
     ) -> torch.Tensor:
         """`delta` read for a shortlist only. rows: `w2.weight[candidates]` `[N, B - start, M, r]` (gathered once per
-        block) for candidate token ids `[N, B - start, M]`. Returns `[N, B - start, M]`."""
+        block; float32 with `tables`) for candidate token ids `[N, B - start, M]`. Returns `[N, B - start, M]`."""
         x = self.features(hidden_part, prev_tokens, start, mixer, tables)
         return (x.unsqueeze(-2) @ rows.transpose(-1, -2)).squeeze(-2)
+
+    def shortlist_scores(
+        self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, base: torch.Tensor, rows_t: torch.Tensor,
+        start: int, tables: RefinerTables,
+    ) -> torch.Tensor:
+        """Inference: `base + delta_shortlist(...)` in one read-out op. base: `[N, B - start, M]` float32 scores;
+        rows_t: `w2.weight[candidates]` float32, transposed, `[N, B - start, r, M]`. Returns `[N, B - start, M]`."""
+        x = self.features(hidden_part, prev_tokens, start, None, tables)
+        out = torch.baddbmm(base.flatten(0, 1).unsqueeze(1), x.flatten(0, 1).unsqueeze(1), rows_t.flatten(0, 1))
+        return out.view_as(base)
 
     def forward(self, hidden: torch.Tensor, prev_tokens: torch.LongTensor) -> torch.Tensor:
         """Teacher-forced bias for slots 1..B-1: hidden `[N, B, H]`, prev_tokens `[N, B]` -> `[N, B-1, V]`."""
@@ -322,7 +346,7 @@ class XPressRefiner(nn.Module):
         hidden_part: torch.Tensor,
         base_logits: torch.Tensor,
         lead_tokens: torch.LongTensor,
-        noise: torch.Tensor,
+        noise: torch.Tensor | None,
         passes: int,
         candidates: torch.LongTensor | None = None,
         tables: RefinerTables | None = None,
@@ -330,27 +354,29 @@ class XPressRefiner(nn.Module):
         """Exactly `passes` Jacobi passes with static shapes, no host syncs and no data-dependent control flow, so
         the whole loop can be compiled (`torch.compile`) and captured in a CUDA graph (`mode="reduce-overhead"`).
 
-        hidden_part `[N, B, r]`, base_logits `[N, B-1, V]` float32, lead_tokens `[N, 2]`, noise `[N, B-1, V]`
-        (zeros for greedy); candidates `[N, B-1, M]`: score only this shortlist (`refiner_shortlist`); tables:
-        `self.tables()`. Returns tokens `[N, B-1]` and their logits `[N, B-1, V]` (-inf outside the shortlist).
+        hidden_part `[N, B, r]` (from `hidden_part(hidden, tables)` when `tables` is given), base_logits `[N, B-1, V]`
+        float32, lead_tokens `[N, 2]`, noise `[N, B-1, V]` (None for greedy); candidates `[N, B-1, M]`: score only
+        this shortlist (`refiner_shortlist`); tables: `self.tables()`. Returns tokens `[N, B-1]` and their scores:
+        logits `[N, B-1, V]`, or `[N, B-1, M]` for the candidates.
         """
-        mixer = self.mix.folded()
+        mixer = self.mix.folded() if tables is None else None
         if candidates is None:
             logits = base_logits
-            tokens = (logits + noise).argmax(dim=-1)
+            tokens = _noisy(logits, noise).argmax(dim=-1)
             for _ in range(passes):
                 prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)
                 logits = base_logits + self.delta(hidden_part, prev, 1, mixer, tables).float()
-                tokens = (logits + noise).argmax(dim=-1)
+                tokens = _noisy(logits, noise).argmax(dim=-1)
             return tokens, logits
         base, cand_noise, rows = _gather_shortlist(base_logits, noise, candidates, self.w2.weight)
+        rows = rows if tables is None else rows.float()
         scores = base
-        tokens = _pick_among(candidates, scores + cand_noise)
+        tokens = _pick_among(candidates, _noisy(scores, cand_noise))
         for _ in range(passes):
             prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)
             scores = base + self.delta_shortlist(hidden_part, prev, rows, 1, mixer, tables).float()
-            tokens = _pick_among(candidates, scores + cand_noise)
-        return tokens, _spread(base_logits, candidates, scores)
+            tokens = _pick_among(candidates, _noisy(scores, cand_noise))
+        return tokens, scores
 
 
 class XPressMarkovHead(nn.Module):
@@ -378,11 +404,38 @@ where `cond[:, :j]` are the draft tokens slot `j+1` was conditioned on (None: co
 
 @dataclass
 class DraftProposal:
-    """What `XPressDrafterModel.propose` returns."""
+    """What `XPressDrafterModel.propose` returns: S draft tokens and the float32 logits they are (Gumbel-)argmaxes of.
 
-    tokens: torch.LongTensor  # [1, B-1] draft tokens
-    logits: torch.Tensor  # [1, B-1, V] float32 logits the tokens are (Gumbel-)argmaxes of
+    A shortlisted refinement (`refiner_shortlist`) scores only M candidates per slot; it keeps those scores and
+    builds the full logits (-inf outside the shortlist) when `logits` is first read. On a CPU that `[1, S, V]` buffer
+    costs more than the whole shortlisted refinement, and greedy verification never reads it.
+    """
+
+    tokens: torch.LongTensor  # [1, S] draft tokens
+    scores: torch.Tensor  # [1, S, V] logits, or [1, S, M] scores of `candidates`
     passes: int  # refinement passes run (Jacobi passes, or Markov steps)
+    candidates: torch.LongTensor | None = None  # [1, S, M] the token ids `scores` are for; None: the whole vocabulary
+    vocab_size: int | None = None  # V, with `candidates`
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """`[1, S, V]` float32; -inf outside the shortlist."""
+        if self.candidates is not None:
+            full = self.scores.new_full((*self.scores.shape[:-1], self.vocab_size), float("-inf"))
+            self.scores, self.candidates = full.scatter_(-1, self.candidates, self.scores), None
+        return self.scores
+
+    @logits.setter
+    def logits(self, value: torch.Tensor) -> None:
+        self.scores, self.candidates = value, None
+
+    def token_log_probs(self) -> torch.Tensor:
+        """`[1, S]`: log-softmax of `logits` at each draft token (without building the full logits)."""
+        log_probs = self.scores.float().log_softmax(-1)
+        if self.candidates is None:
+            return log_probs.gather(-1, self.tokens[..., None])[..., 0]
+        chosen = self.candidates == self.tokens[..., None]  # exactly one candidate per slot
+        return log_probs.masked_fill(~chosen, float("-inf")).amax(-1)
 
 
 def check_compatible(target_config, drafter_config: XPressDrafterConfig) -> None:
@@ -680,43 +733,48 @@ class XPressDrafterModel(XPressPreTrainedModel):
 
         tables = self.refiner.tables()
         num_slots = base_logits.shape[1]
-        # Once per block, like the folded mixer below; from the whole block (g pools it), then cut to the S slots.
+        # Once per block: from the whole block (g pools it), then cut to the S slots. float32 (see RefinerTables).
         hidden_part = self.refiner.hidden_part(hidden, tables)[:, : num_slots + 1]
         # What one pass scores: every token (the paper), or a per-slot shortlist of the drafter's top-M tokens.
         candidates = None if shortlist is None else top_candidates(logits, min(shortlist, logits.shape[-1]))
         full_block = num_slots + 1 == hidden.shape[1]
         if not early_stop and self._fast_refine is not None and logits_hook is None and full_block:
-            zeros = torch.zeros_like(base_logits) if noise is None else noise
-            tokens, logits = self._fast_refine(hidden_part, base_logits, lead_tokens, zeros, passes, candidates, tables)
-            return DraftProposal(tokens.clone(), logits.clone(), passes)  # clone: graph outputs are reused buffers
+            tokens, scores = self._fast_refine(hidden_part, base_logits, lead_tokens, noise, passes, candidates, tables)
+            # clone: graph outputs are reused buffers
+            return self._proposal(tokens.clone(), scores.clone(), passes, candidates, base_logits)
 
-        mixer = self.refiner.mix.folded()[:, : num_slots + 1, : num_slots + 1]
         if candidates is None:
-            base = base_logits
-            bias = lambda prev, start: self.refiner.delta(hidden_part, prev, start + 1, mixer, tables)  # noqa: E731
-            choose, seed_scores = pick, logits
+            base, choose, seed_scores = base_logits, pick, logits
+
+            def rescore(prev: torch.LongTensor, start: int) -> torch.Tensor:  # slots start+1.., into `scores`
+                delta = self.refiner.delta(hidden_part, prev, start + 1, None, tables)
+                if logits_hook is None:  # straight into `scores`: no new [S, V] buffer per pass
+                    return torch.add(base[:, start:], delta, out=scores[:, start:])
+                scores[:, start:] = hook(base[:, start:] + delta.float(), start, tokens)
+                return scores[:, start:]
         else:
             base, cand_noise, rows = _gather_shortlist(base_logits, noise, candidates, self.refiner.w2.weight)
+            rows_t = rows.float().transpose(-1, -2).contiguous()  # [1, S, r, M], for the fused read-out
             seed_scores = base
-            bias = lambda prev, start: self.refiner.delta_shortlist(  # noqa: E731
-                hidden_part, prev, rows[:, start:], start + 1, mixer, tables
-            )
+
+            def rescore(prev: torch.LongTensor, start: int) -> torch.Tensor:
+                new = self.refiner.shortlist_scores(hidden_part, prev, base[:, start:], rows_t[:, start:], start + 1, tables)
+                scores[:, start:] = new
+                return new
 
             def choose(scores: torch.Tensor, start: int) -> torch.LongTensor:
                 scores = scores if cand_noise is None else scores + cand_noise[:, start : start + scores.shape[1]]
                 return _pick_among(candidates[:, start : start + scores.shape[1]], scores)
 
         # The seed: the drafter's own choice (within the shortlist, which spares a second pass over the vocabulary).
-        tokens = choose(seed_scores, 0)
+        # `sequence` = [token before the anchor, anchor, drafts]: its first S + 1 entries are the token before each slot
+        # (the refiner's input) and its last S the drafts, so a pass needs no concatenation.
+        sequence = torch.cat([lead_tokens, choose(seed_scores, 0)], dim=1)  # [1, S + 2]
+        prev, tokens = sequence[:, :-1], sequence[:, 2:]
         start, run = 0, 0
-        scores = base.clone()  # written in place (rows start..) below
+        scores = torch.empty_like(base)  # the first pass writes every row; later ones rows start.. (early stop)
         while run < passes and start < num_slots:
-            prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)  # [1, B]: the token before each slot
-            if logits_hook is None:  # straight into `scores`: no new [B-1, V] buffer per pass
-                new_scores = torch.add(base[:, start:], bias(prev, start), out=scores[:, start:])
-            else:
-                new_scores = scores[:, start:] = hook(base[:, start:] + bias(prev, start), start, tokens)
-            new_tokens = choose(new_scores, start)
+            new_tokens = choose(rescore(prev, start), start)  # every slot from the previous pass's tokens (Jacobi)
             run += 1
             # Early stop: rows up to the first one that changed are locked (their inputs no longer change).
             changed = (new_tokens != tokens[:, start:])[0].nonzero() if early_stop else None
@@ -725,21 +783,25 @@ class XPressDrafterModel(XPressPreTrainedModel):
                 if changed.numel() == 0:
                     break
                 start += int(changed[0]) + 1
-        if candidates is not None:
-            scores = _spread(base_logits, candidates, scores)
-        return DraftProposal(tokens, scores, run)
+        return self._proposal(tokens, scores, run, candidates, base_logits)
+
+    @staticmethod
+    def _proposal(tokens, scores, passes: int, candidates, base_logits: torch.Tensor) -> DraftProposal:
+        """A proposal from full logits (`candidates` None) or shortlist scores `[1, S, M]`."""
+        return DraftProposal(tokens, scores, passes, candidates, None if candidates is None else base_logits.shape[-1])
 
     def _propose_markov_shortlist(self, base_logits, anchor, shortlist: int, noise) -> DraftProposal:
         """The Markov head scoring each slot's top-M drafter tokens only (`refiner_shortlist`), left to right."""
         candidates = top_candidates(base_logits, min(shortlist, base_logits.shape[-1]))  # [1, B-1, M]
         scores, noise, rows = _gather_shortlist(base_logits, noise, candidates, self.refiner.w2.weight)
+        rows = rows.float()  # float32 like xPress's passes: faster than bfloat16 for these tiny products on a CPU
         tokens = torch.empty(scores.shape[:2], dtype=torch.long, device=scores.device)
         prev = anchor
         for k in range(scores.shape[1]):
-            scores[:, k] += (rows[:, k] @ self.refiner.w1(prev)[:, 0, :, None])[..., 0].float()
+            scores[:, k] += (rows[:, k] @ self.refiner.w1(prev)[:, 0, :, None].float())[..., 0]
             pick = scores[:, k : k + 1] if noise is None else scores[:, k : k + 1] + noise[:, k : k + 1]
             tokens[:, k : k + 1] = prev = _pick_among(candidates[:, k : k + 1], pick)
-        return DraftProposal(tokens, _spread(base_logits, candidates, scores), base_logits.shape[1])
+        return self._proposal(tokens, scores, base_logits.shape[1], candidates, base_logits)
 
     def _propose_markov(self, base_logits, anchor, pick, hook) -> DraftProposal:
         """Left-to-right: slot k's logits are `s_k + w2(w1[token at k-1])`, one serial step per slot."""
@@ -758,17 +820,17 @@ def _gather_shortlist(
     """The shortlist's share of a block: base logits `[N, S, M]`, noise `[N, S, M]` (or None) and the read-out rows
     `w2[candidates]` `[N, S, M, r]`, gathered once per block for candidate ids `[N, S, M]`."""
     noise = None if noise is None else noise.gather(-1, candidates)
-    return base_logits.gather(-1, candidates), noise, w2[candidates]
+    return base_logits.gather(-1, candidates), noise, F.embedding(candidates, w2)  # embedding: ~4x faster than w2[ids]
+
+
+def _noisy(scores: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
+    """Scores plus Gumbel noise (sampling), or the scores themselves (greedy)."""
+    return scores if noise is None else scores + noise
 
 
 def _pick_among(candidates: torch.LongTensor, scores: torch.Tensor) -> torch.LongTensor:
     """The candidate id with the highest score per row: `[..., M]` ids and scores -> `[...]`."""
     return candidates.gather(-1, scores.argmax(-1, keepdim=True))[..., 0]
-
-
-def _spread(like: torch.Tensor, candidates: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
-    """Shortlist scores `[..., M]` back to full-vocabulary logits shaped like `like`, -inf outside the shortlist."""
-    return torch.full_like(like, float("-inf")).scatter(-1, candidates, scores)
 
 
 def top_candidates(logits: torch.Tensor, k: int, bucket: int = 64) -> torch.LongTensor:

@@ -7,7 +7,8 @@
 #   bash scripts/large_qwen.sh baselines  # plain generate, prompt lookup, classic assistant: tau and speed
 #   bash scripts/large_qwen.sh data       # labelled training data: ShareGPT + stdlib, one bf16 target forward
 #   bash scripts/large_qwen.sh train      # dFlash-only / Markov / xPress drafters, same data and budget
-#   bash scripts/large_qwen.sh bench      # every method with the trained drafters
+#   bash scripts/large_qwen.sh continue   # second run: each drafter continues from its first run, same extra budget
+#   bash scripts/large_qwen.sh bench      # every method with the trained drafters (RUN=-2: the second run's)
 #
 # Stages that stop early (MAX_SECONDS) resume when run again. MAX_SEQUENCES=N trains on the first N labelled sequences
 # (e.g. the ones a partly rebuilt feature cache covers on a new machine).
@@ -51,18 +52,30 @@ case "${1:-}" in
     done
     wait
     ;;
+  continue)
+    # Second run: each drafter starts from its first run's final weights, a new cosine schedule (lr 6e-4) of STEPS
+    # steps on the same labelled sequences (MAX_SEQUENCES); stopped at MAX_SECONDS if given (re-run to resume).
+    for refiner in ${REFINERS:-none markov xpress}; do
+      [[ -d "runs/qwen25coder-$refiner-2/final" ]] && continue
+      hf-xpress train "${COMMON[@]}" --refiner "$refiner" --init-drafter "runs/qwen25coder-$refiner/final" --lr 6e-4 \
+        ${MAX_SECONDS:+--max-seconds $MAX_SECONDS} ${MAX_SEQUENCES:+--max-sequences $MAX_SEQUENCES} \
+        --out "runs/qwen25coder-$refiner-2" >> "runs/qwen25coder-$refiner-2.log" 2>&1 &
+    done
+    wait
+    ;;
   bench)
-    # A 16-token verify costs ~1.05x a decode step on this target, so every draft of the block is submitted. The
+    # Every draft of the block is submitted (a 16-token verify cost 1.32x a decode step in the first run). The
     # drafters store their training vocabulary (8,192 tokens) as draft vocabulary; xPress also runs without it.
     sync && echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true  # a large page cache slowed this host ~3x
-    hf-xpress bench --target "$TARGET" --assistant "$ASSISTANT" --drafter runs/qwen25coder-none/best \
-      --drafter runs/qwen25coder-markov/best --drafter runs/qwen25coder-xpress/best --passes 2 --early-stop on \
+    RUN=${RUN:-}  # "-2": the second run's drafters
+    hf-xpress bench --target "$TARGET" --assistant "$ASSISTANT" --drafter "runs/qwen25coder-none$RUN/best" \
+      --drafter "runs/qwen25coder-markov$RUN/best" --drafter "runs/qwen25coder-xpress$RUN/best" --passes 2 --early-stop on \
       --shortlist 64 --draft-vocab on,off \
       --methods "pld,assisted,native-dflash,dflash,markov sl64,xpress K=2 es sl64,xpress K=2 es sl64 allV" \
-      "${SETS[@]}" --threads "$THREADS" --out results/qwen25coder-1.5b
+      "${SETS[@]}" --threads "$THREADS" --out "results/qwen25coder-1.5b$RUN"
     ;;
   *)
-    sed -n 2,13p "$0"
+    sed -n 2,14p "$0"
     exit 2
     ;;
 esac

@@ -94,7 +94,8 @@ def test_cli_end_to_end_writes_json_markdown_and_plots(tmp_path, llama):
             assert figures["tokens_per_s"] > 0 and 1.0 <= figures["tokens_per_forward"] <= 16
         xp = table["xpress K=2"]
         assert len(xp["slot_acceptance"]) == 15 and set(xp["per_round_ms"]) == {"draft", "refine", "verify", "other"}
-        assert xp["mean_passes"] == 2.0 and xp["decomposition"]["predicted_speedup"] > 0
+        # K = 2 fixed passes; a one-slot round (cut by max_new_tokens) is final after one (locking)
+        assert 1.5 < xp["mean_passes"] <= 2.0 and xp["decomposition"]["predicted_speedup"] > 0
         # the Markov head decodes every submitted slot: 15, fewer only in the rounds cut by max_new_tokens
         assert 1.0 < table["markov"]["mean_passes"] <= 15.0
     assert len(results["runs"]) == len(names) * 2 * 2

@@ -556,11 +556,17 @@ class XPressDrafterModel(XPressPreTrainedModel):
         """Run xPress refinement through `XPressRefiner.refine_fixed` compiled with `torch.compile(fullgraph=True)`.
 
         Used by `propose()` when early stop is off and no logits processor is active (greedy or plain sampling):
-        fixed K passes without host syncs, captured as one CUDA graph with `mode="reduce-overhead"`. Same tokens
-        and logits as the eager loop. `disable_fast_refine()` undoes it.
+        fixed K passes without host syncs, captured as one CUDA graph with `mode="reduce-overhead"` (on a CPU use
+        `mode=None`: C++ kernels). Same tokens and logits as the eager loop. `disable_fast_refine()` undoes it.
+
+        Each combination of K, shortlist, greedy/sampling and batch size is its own graph, so this raises torch's
+        per-function recompile limit (`torch._dynamo.config.recompile_limit`) to at least 64.
         """
         if not isinstance(self.refiner, XPressRefiner):
             raise ValueError(f"enable_fast_refine needs an xPress refiner; this drafter has refiner={self.config.refiner!r}.")
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
         self._fast_refine = torch.compile(self.refiner.refine_fixed, fullgraph=True, mode=mode, backend=backend)
 
     def disable_fast_refine(self) -> None:
@@ -709,8 +715,9 @@ class XPressDrafterModel(XPressPreTrainedModel):
         drawn once per block) turns every argmax into a sample; `logits_hook` applies logits processors.
 
         xPress: seed with the drafter's (Gumbel-)argmax, then `passes` Jacobi passes updating every slot at once from
-        the previous pass's tokens. With early stop, slots up to the first one that changed are locked (their inputs
-        no longer change) and the loop ends when nothing changes: the result equals `passes` full passes.
+        the previous pass's tokens. Slots whose inputs are final are locked (pass p skips the first p-1 slots; with
+        early stop also every slot up to the first one that changed, and the loop ends when nothing changes): the
+        result equals `passes` full passes.
         Markov head: left-to-right, slot k biased by the token chosen at k-1. No refiner: the seed.
         """
         passes = self.config.jacobi_passes if passes is None else passes
@@ -776,12 +783,16 @@ class XPressDrafterModel(XPressPreTrainedModel):
         while run < passes and start < num_slots:
             new_tokens = choose(rescore(prev, start), start)  # every slot from the previous pass's tokens (Jacobi)
             run += 1
-            # Early stop: rows up to the first one that changed are locked (their inputs no longer change).
+            # Locking: after `run` passes the first `run` slots are final (slot k's input, the token at k-1, is final
+            # after k-1 passes), so later passes skip them. Early stop also locks every row up to the first one that
+            # changed (their inputs no longer change) and ends the loop when nothing changed.
             changed = (new_tokens != tokens[:, start:])[0].nonzero() if early_stop else None
             tokens[:, start:] = new_tokens
-            if changed is not None:
-                if changed.numel() == 0:
-                    break
+            if changed is None:
+                start = run
+            elif changed.numel() == 0:
+                break
+            else:
                 start += int(changed[0]) + 1
         return self._proposal(tokens, scores, run, candidates, base_logits)
 

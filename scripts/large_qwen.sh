@@ -9,6 +9,7 @@
 #   bash scripts/large_qwen.sh train      # dFlash-only / Markov / xPress drafters, same data and budget
 #   bash scripts/large_qwen.sh continue   # second run: each drafter continues from its first run, same extra budget
 #   bash scripts/large_qwen.sh bench      # every method with the trained drafters (RUN=-2: the second run's)
+#   bash scripts/large_qwen.sh bench-short  # the second run's drafters at 1-2 drafts per round
 #
 # Stages that stop early (MAX_SECONDS) resume when run again. MAX_SEQUENCES=N trains on the first N labelled sequences
 # (e.g. the ones a partly rebuilt feature cache covers on a new machine).
@@ -74,8 +75,18 @@ case "${1:-}" in
       --methods "pld,assisted,native-dflash,dflash,markov sl64,xpress K=2 es sl64,xpress K=2 es sl64 allV" \
       "${SETS[@]}" --threads "$THREADS" --out "results/qwen25coder-1.5b$RUN"
     ;;
+  bench-short)
+    # Rounds of 1-2 drafts (slots 3+ were never accepted with 15): a shorter verify, a lower break-even tau.
+    sync && echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
+    RUN=${RUN:--2}
+    hf-xpress bench --target "$TARGET" --drafter "runs/qwen25coder-none$RUN/best" \
+      --drafter "runs/qwen25coder-markov$RUN/best" --drafter "runs/qwen25coder-xpress$RUN/best" --passes 2 \
+      --early-stop on --shortlist 64 --drafts 1,2 --no-prompt-lookup --no-native-dflash \
+      --methods "dflash n1,markov sl64 n1,xpress K=2 es sl64 n1,xpress K=2 es sl64 n2" \
+      "${SETS[@]}" --threads "$THREADS" --out "results/qwen25coder-1.5b$RUN-short"
+    ;;
   *)
-    sed -n 2,14p "$0"
+    sed -n 2,15p "$0"
     exit 2
     ;;
 esac

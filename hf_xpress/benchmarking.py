@@ -1119,6 +1119,7 @@ def block_latency(
         refine_compiled: dict[int, float] = {}
         mode = "reduce-overhead" if device.type == "cuda" else None
         if compiled:
+            previous = drafter._fast_refine  # a caller's own compiled path is put back afterwards
             drafter.enable_fast_refine(mode=mode)
             try:
                 for k in sorted(set(passes) - {0}):
@@ -1126,7 +1127,7 @@ def block_latency(
                     call()  # compiles for this K
                     refine_compiled[k] = _median_time(call, device, repeats, warmup)
             finally:
-                drafter.disable_fast_refine()
+                drafter._fast_refine = previous
         drafter.refiner = markov
         t_markov = _median_time(lambda: drafter.propose(hidden, base_logits, lead), device, repeats, warmup)
         t_markov_compiled = None

@@ -725,7 +725,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
         hook = logits_hook or (lambda scores, start, cond: scores)
 
         def pick(scores: torch.Tensor, start: int) -> torch.LongTensor:
-            return (scores if noise is None else scores + noise[:, start : start + scores.shape[1]]).argmax(dim=-1)
+            return _noisy(scores, noise, start).argmax(dim=-1)
 
         base_logits = base_logits.float()  # no copy when already float32; never written to
         shortlist = self.config.refiner_shortlist if logits_hook is None else None
@@ -770,8 +770,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
                 return new
 
             def choose(scores: torch.Tensor, start: int) -> torch.LongTensor:
-                scores = scores if cand_noise is None else scores + cand_noise[:, start : start + scores.shape[1]]
-                return _pick_among(candidates[:, start : start + scores.shape[1]], scores)
+                return _pick_among(candidates[:, start : start + scores.shape[1]], _noisy(scores, cand_noise, start))
 
         # The seed: the drafter's own choice (within the shortlist, which spares a second pass over the vocabulary).
         # `sequence` = [token before the anchor, anchor, drafts]: its first S + 1 entries are the token before each slot
@@ -810,8 +809,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
         prev = anchor
         for k in range(scores.shape[1]):
             scores[:, k] += (rows[:, k] @ self.refiner.w1(prev)[:, 0, :, None].float())[..., 0]
-            pick = scores[:, k : k + 1] if noise is None else scores[:, k : k + 1] + noise[:, k : k + 1]
-            tokens[:, k : k + 1] = prev = _pick_among(candidates[:, k : k + 1], pick)
+            tokens[:, k : k + 1] = prev = _pick_among(candidates[:, k : k + 1], _noisy(scores[:, k : k + 1], noise, k))
         return self._proposal(tokens, scores, base_logits.shape[1], candidates, base_logits)
 
     def _propose_markov(self, base_logits, anchor, pick, hook) -> DraftProposal:
@@ -831,12 +829,13 @@ def _gather_shortlist(
     """The shortlist's share of a block: base logits `[N, S, M]`, noise `[N, S, M]` (or None) and the read-out rows
     `w2[candidates]` `[N, S, M, r]`, gathered once per block for candidate ids `[N, S, M]`."""
     noise = None if noise is None else noise.gather(-1, candidates)
-    return base_logits.gather(-1, candidates), noise, F.embedding(candidates, w2)  # embedding: ~4x faster than w2[ids]
+    return base_logits.gather(-1, candidates), noise, F.embedding(candidates, w2)  # faster than w2[ids] on a CPU
 
 
-def _noisy(scores: torch.Tensor, noise: torch.Tensor | None) -> torch.Tensor:
-    """Scores plus Gumbel noise (sampling), or the scores themselves (greedy)."""
-    return scores if noise is None else scores + noise
+def _noisy(scores: torch.Tensor, noise: torch.Tensor | None, start: int = 0) -> torch.Tensor:
+    """Scores `[N, n, ...]` of slots `start..start+n-1` plus those slots' Gumbel noise (sampling; `noise` covers the
+    whole block), or the scores themselves (greedy, `noise` None)."""
+    return scores if noise is None else scores + noise[:, start : start + scores.shape[1]]
 
 
 def _pick_among(candidates: torch.LongTensor, scores: torch.Tensor) -> torch.LongTensor:

@@ -2,8 +2,8 @@
 
 Target: Qwen3-8B-shaped (36 layers, hidden 4096, 32/8 heads, vocab 151936, bf16). Drafter: the 5-layer dFlash-b16
 shape (intermediate 12288, target layers [1, 9, 17, 25, 33]) with the xPress head (r = 256). Measures, at batch 1,
-`hf_xpress.benchmarking.block_latency` twice (eager refinement, then `enable_fast_refine()`: the fixed-K loop compiled
-with torch.compile mode="reduce-overhead", i.e. one CUDA graph), and at batch 16 the refiner's fixed-K loop alone
+`hf_xpress.benchmarking.block_latency(..., compiled=True)` (eager refinement and the Markov head's decode, then both
+compiled with torch.compile mode="reduce-overhead", i.e. one CUDA graph each), and at batch 16 the refiner's fixed-K loop alone
 (eager vs compiled) and the target's verify forward. Prints one table, writes JSON.
 
     python scripts/gpu_latency.py --out results/gpu/latency.json            # on the GPU machine
@@ -25,7 +25,7 @@ from transformers import DynamicCache, Qwen3Config, Qwen3ForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import hf_xpress  # noqa: E402
 from hf_xpress import XPressDrafterModel  # noqa: E402
-from hf_xpress.benchmarking import block_latency  # noqa: E402
+from hf_xpress.benchmarking import _slope, block_latency  # noqa: E402
 
 QWEN3_8B = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960)
@@ -115,34 +115,37 @@ def main() -> int:
     }
     with torch.no_grad():
         repeats = 5 if args.tiny else args.repeats
-        report["batch1_eager"] = block_latency(target, drafter, passes=passes, context_length=args.context,
-                                               repeats=repeats, verbose=True)
-        drafter.enable_fast_refine(mode="reduce-overhead" if device.type == "cuda" else None)
-        report["batch1_compiled"] = block_latency(target, drafter, passes=passes, context_length=args.context,
-                                                  repeats=repeats, verbose=True)
-        drafter.disable_fast_refine()
+        # Eager and compiled (xPress's fixed-K loop and the Markov head's decode, each through torch.compile; one
+        # CUDA graph with mode="reduce-overhead" on a GPU) in one call, on the same inputs.
+        report["batch1"] = block_latency(target, drafter, passes=passes, context_length=args.context,
+                                         repeats=repeats, verbose=True, compiled=True)
         report["batched"] = [batched(target, drafter, int(b), passes, args.context, repeats)
                              for b in args.batches.split(",") if b]
 
-    eager, graphed = report["batch1_eager"], report["batch1_compiled"]
-    k4 = min(eager["refine_ms"][4], graphed["refine_ms"][4])
+    r = report["batch1"]
+    eager, graphed = r["refine_ms"], r["refine_compiled_ms"]
+    k4 = min(eager[4], graphed[4])
+    markov = min(r["markov_ms"], r["markov_compiled_ms"])  # each method at its best, both eager and compiled timed
+    compiled_k = sorted(graphed)
     report["goals"] = {
         "k4_refine_us": k4 * 1e3,
         "paper_k4_us": 379.0,
         "k4_at_or_under_paper": k4 * 1e3 <= 379.0,
-        "markov_us": eager["markov_ms"] * 1e3,
-        "k4_under_markov": k4 < eager["markov_ms"],
-        "k4_over_verify": k4 / eager["verify_ms"],
-        "k4_under_10pct_of_verify": k4 < 0.1 * eager["verify_ms"],
-        "per_pass_us_eager": eager["per_pass_ms"] * 1e3,
-        "per_pass_us_compiled": graphed["per_pass_ms"] * 1e3,
+        "markov_us": markov * 1e3,
+        "markov_eager_us": r["markov_ms"] * 1e3,
+        "markov_compiled_us": r["markov_compiled_ms"] * 1e3,
+        "k4_under_markov": k4 < markov,
+        "k4_over_verify": k4 / r["verify_ms"],
+        "k4_under_10pct_of_verify": k4 < 0.1 * r["verify_ms"],
+        "per_pass_us_eager": r["per_pass_ms"] * 1e3,
+        "per_pass_us_compiled": _slope(compiled_k, [graphed[k] for k in compiled_k]) * 1e3,  # as per_pass_ms
     }
     print("\nK    eager us   compiled us")
     for k in passes:
-        print(f"{k:<4d} {eager['refine_ms'][k] * 1e3:9.0f}   {graphed['refine_ms'][k] * 1e3:9.0f}")
-    print(f"Markov 15 steps: {eager['markov_ms'] * 1e3:.0f} us; drafter forward {eager['drafter_forward_ms'] * 1e3:.0f} us; "
-          f"lm_head {eager['lm_head_ms'] * 1e3:.0f} us; verify(16) {eager['verify_ms'] * 1e3:.0f} us; "
-          f"decode step {eager['decode_step_ms'] * 1e3:.0f} us")
+        print(f"{k:<4d} {eager[k] * 1e3:9.0f}   {graphed[k] * 1e3:9.0f}")
+    print(f"Markov 15 steps: eager {r['markov_ms'] * 1e3:.0f} us, compiled {r['markov_compiled_ms'] * 1e3:.0f} us; "
+          f"drafter forward {r['drafter_forward_ms'] * 1e3:.0f} us; lm_head {r['lm_head_ms'] * 1e3:.0f} us; "
+          f"verify(16) {r['verify_ms'] * 1e3:.0f} us; decode step {r['decode_step_ms'] * 1e3:.0f} us")
     for row in report["batched"]:
         print(f"batch {row['batch']}: K=4 eager {row['refine_eager_ms'][4] * 1e3:.0f} us, compiled "
               f"{row['refine_compiled_ms'][4] * 1e3:.0f} us, verify {row['verify_ms'] * 1e3:.0f} us")

@@ -387,7 +387,31 @@ def test_data_command_writes_a_dataset_that_loads(tmp_path):
     regen = argparse.Namespace(**{**vars(args), "source": f"regen-jsonl:{jsonl}"})
     seqs = T.collect_sequences(regen, target, Tok(), tmp_path / "regen")
     assert len(seqs) == 6 and all(len(ids) - p == 8 for _, ids, p in seqs)
-    assert list((tmp_path / "regen" / "regen").glob("part-*.json"))
+    assert list((tmp_path / "regen" / "regen").glob("*/part-*.json"))
+    # the same command again resumes from the parts (no generation); other prompts into the same folder never reuse them
+    generate = target.generate
+    target.generate = None
+    assert T.collect_sequences(regen, target, Tok(), tmp_path / "regen") == seqs
+    target.generate = generate
+    other = tmp_path / "other.jsonl"
+    other.write_text("\n".join(json.dumps({"prompt": f"another question {i}"}) for i in range(3)))
+    more = T.collect_sequences(argparse.Namespace(**{**vars(args), "source": f"regen-jsonl:{other}"}), target, Tok(),
+                               tmp_path / "regen")
+    assert len(more) == 3 and {i for i, _, _ in more}.isdisjoint({i for i, _, _ in seqs})
+    assert len(list((tmp_path / "regen" / "regen").glob("*/"))) == 2
+    # mixing: the regenerated set takes the labelled set's sequences (`--extend --source dataset:PATH`), relabelled
+    T.write_sequences(tmp_path / "regen", seqs, V, {"sources": regen.source})
+    mix = argparse.Namespace(**{**vars(args), "source": f"dataset:{out}"})
+    assert T.extend_sequences(tmp_path / "regen", T.collect_sequences(mix, target, Tok(), tmp_path / "regen"), {}) == 6
+    mixed = T.label_dataset(target, tmp_path / "regen", layer_ids=None, cache_dir=None, chunk=4, max_batch_tokens=128)
+    assert mixed.num_sequences == mixed.num_labelled == 12
+    theirs = {i: mixed.sequence(k) for k, i in enumerate(mixed.manifest["ids"])}
+    for k, ident in enumerate(ds.manifest["ids"]):
+        tok, lab, plen = ds.sequence(k)
+        assert np.array_equal(theirs[ident][0], tok) and np.array_equal(theirs[ident][1], lab) and theirs[ident][2] == plen
+    target.config.vocab_size = V + 1
+    with pytest.raises(ValueError, match="vocabulary"):
+        T.collect_sequences(mix, target, Tok(), tmp_path / "regen")
 
 
 def test_lora_attach_trains_refiner_and_saves_a_plain_drafter(tmp_path):
@@ -505,6 +529,21 @@ def test_heldout_acceptance_drafts_over_the_vocabulary_the_saved_drafter_uses(tm
     outside[trainer.vocab] = False
     assert seen and all(bool(torch.isinf(b[..., outside]).all()) == draft_vocab for b in seen)
     assert all(torch.isfinite(b[..., ~outside]).all() for b in seen)
+
+
+@pytest.mark.parametrize("refiner", ["xpress", "markov", None])
+def test_heldout_drafting_in_chunks_gives_the_same_estimate(tmp_path, refiner):
+    """evaluate() drafts the held-out blocks a few at a time (memory); the chunk size must not change any figure."""
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target)
+    trainer = T.Trainer(_cfg(data, tmp_path / "run", refiner=refiner, train_vocab=20, eval_anchors=5), target=target)
+    trainer.EVAL_DRAFT_BLOCKS = 10_000
+    whole = trainer.evaluate()
+    trainer.EVAL_DRAFT_BLOCKS = 3
+    chunked = trainer.evaluate()
+    assert whole == chunked
+    assert len(whole["slot_acc"]) == 3 and whole["tau_est"] >= 1.0
 
 
 def test_measure_tau_is_lossless_and_pools_rounds(monkeypatch):

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Which training text buys more acceptance: existing responses labelled by the target, or responses the target
+# regenerates itself? Same 640 ShareGPT conversations (4,500-5,139, never used by data/smollm2-label), same warm start
+# (the shipped dFlash drafter), same steps; only the responses differ (docs/training.md, "Labelled vs regenerated").
+#
+#   bash scripts/data_mix.sh data    # regenerate (greedy, bf16) and label both sets, with local feature caches
+#   bash scripts/data_mix.sh extend  # more regenerated data: the next 1,000 ShareGPT prompts and 400 stdlib prompts
+#   bash scripts/data_mix.sh train   # the two runs side by side, 1 thread each (re-run to resume)
+#   bash scripts/data_mix.sh eval    # held-out acceptance of both runs (and the shipped drafter) on both held-out sets
+#   bash scripts/data_mix.sh tau     # tau with real speculative decoding (fp32, 6 prompts per set), both runs
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+FEATURES=${HF_XPRESS_FEATURES_ROOT:-$HOME/.cache/hf_xpress/features}
+PROMPTS=(--num-prompts 640 --skip-prompts 4500 --seed 0 --dtype bfloat16 --layer-ids 1,14,27)
+STEPS=${STEPS:-500}
+
+case "${1:-}" in
+  data)
+    hf-xpress data --source regen-sharegpt "${PROMPTS[@]}" --max-new-tokens 256 --batch-size 16 \
+      --out data/smollm2-regen --feature-cache "$FEATURES/smollm2-regen-L1-14-27"
+    hf-xpress data --source sharegpt "${PROMPTS[@]}" --out data/smollm2-text \
+      --feature-cache "$FEATURES/smollm2-text-L1-14-27"
+    ;;
+  extend)
+    # Appended to data/smollm2-regen (resumable: re-run the same command); the code prompts are the "Show me the source
+    # of the standard library file X" prompts of `--source stdlib`, answered by the target itself.
+    hf-xpress data --extend --source regen-sharegpt,regen-stdlib --num-prompts 1000 --skip-prompts 5140 --num-code 400 \
+      --seed 0 --dtype bfloat16 --layer-ids 1,14,27 --max-new-tokens 256 --batch-size 16 \
+      --out data/smollm2-regen --feature-cache "$FEATURES/smollm2-regen-L1-14-27"
+    ;;
+  train)
+    mkdir -p runs
+    for arm in regen text; do
+      [[ -d "runs/mix-$arm/final" ]] && continue
+      hf-xpress train --data "data/smollm2-$arm" --feature-cache "$FEATURES/smollm2-$arm-L1-14-27" --refiner none \
+        --init-drafter drafters/smollm2-135m-dflash-b16 --train-vocab 8192 --anchors-per-seq 16 --batch-size 4 \
+        --lr 6e-4 --max-steps "$STEPS" --mixed-precision bf16 --eval-every 100 --save-every 50 --heldout-every 25 \
+        --heldout-seqs 24 --eval-anchors 8 --seed 0 --threads 1 --out "runs/mix-$arm" >> "runs/mix-$arm.log" 2>&1 &
+    done
+    wait
+    ;;
+  eval)
+    for data in regen text label; do
+      python scripts/feature_ablation.py --data "data/smollm2-$data" --modes true \
+        --drafters drafters/smollm2-135m-dflash-b16 runs/mix-regen/best runs/mix-text/best \
+        --out "results/data-mix/heldout-$data.json"
+    done
+    ;;
+  tau)
+    for arm in regen text; do
+      python -m hf_xpress.training tau --drafter "runs/mix-$arm/best" --reference results/training/greedy-reference.json \
+        --sets humaneval,mtbench,math500 --limit 6 --threads 1 --out "results/data-mix/tau-$arm.json" &
+    done
+    wait
+    ;;
+  *)
+    sed -n 2,10p "$0"
+    exit 2
+    ;;
+esac

@@ -1391,8 +1391,12 @@ def tau_main(args: argparse.Namespace) -> int:
     if args.passes is not None:
         drafter.config.jacobi_passes = args.passes
     res = measure_tau(target, tokenizer, drafter, sets, args.limit, args.max_new_tokens, reference)
+    c = drafter.config  # every inference setting the figures depend on (the drafter's own defaults are used)
     res["_setup"] = {"drafter": args.drafter, "target": args.target, "target_dtype": "float32", "greedy": True,
-                     "max_new_tokens": args.max_new_tokens, "limit": args.limit, "jacobi_passes": drafter.config.jacobi_passes}
+                     "max_new_tokens": args.max_new_tokens, "limit": args.limit, "jacobi_passes": c.jacobi_passes,
+                     "jacobi_early_stop": c.jacobi_early_stop, "num_assistant_tokens": c.num_assistant_tokens,
+                     "assistant_confidence_threshold": c.assistant_confidence_threshold,
+                     "refiner_shortlist": c.refiner_shortlist, "draft_vocab_size": c.draft_vocab_size}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
     return 0

@@ -8,6 +8,8 @@
 #   bash scripts/data_mix.sh train   # the two runs side by side, 1 thread each (re-run to resume)
 #   bash scripts/data_mix.sh eval    # held-out acceptance of both runs (and the shipped drafter) on both held-out sets
 #   bash scripts/data_mix.sh tau     # tau with real speculative decoding (fp32, 6 prompts per set), both runs
+#   bash scripts/data_mix.sh train2  # after `extend`: the shipped dFlash and xPress drafters, 500 steps on it
+#   bash scripts/data_mix.sh tau2    # their tau, as `tau`
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,8 +56,29 @@ case "${1:-}" in
     done
     wait
     ;;
+  train2)
+    # The same settings as `train`, on the extended regenerated set (chat and code), for dFlash and xPress.
+    declare -A SHIPPED=([none]=dflash [xpress]=xpress)
+    for refiner in none xpress; do
+      [[ -d "runs/mix-regen2-$refiner/final" ]] && continue
+      hf-xpress train --data data/smollm2-regen --feature-cache "$FEATURES/smollm2-regen-L1-14-27" --refiner "$refiner" \
+        --init-drafter "drafters/smollm2-135m-${SHIPPED[$refiner]}-b16" --train-vocab 8192 --anchors-per-seq 16 \
+        --batch-size 4 --lr 6e-4 --max-steps "$STEPS" --mixed-precision bf16 --eval-every 100 --save-every 50 \
+        --heldout-every 25 --heldout-seqs 24 --eval-anchors 8 --seed 0 --threads 1 --out "runs/mix-regen2-$refiner" \
+        >> "runs/mix-regen2-$refiner.log" 2>&1 &
+    done
+    wait
+    ;;
+  tau2)
+    for refiner in none xpress; do
+      python -m hf_xpress.training tau --drafter "runs/mix-regen2-$refiner/best" \
+        --reference results/training/greedy-reference.json --sets humaneval,mtbench,math500 --limit 6 --threads 1 \
+        --out "results/data-mix/tau-regen2-$refiner.json" &
+    done
+    wait
+    ;;
   *)
-    sed -n 2,10p "$0"
+    sed -n 2,12p "$0"
     exit 2
     ;;
 esac

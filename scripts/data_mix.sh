@@ -9,7 +9,7 @@
 #   bash scripts/data_mix.sh eval    # held-out acceptance of both runs (and the shipped drafter) on both held-out sets
 #   bash scripts/data_mix.sh tau     # tau with real speculative decoding (fp32, 6 prompts per set), both runs
 #   bash scripts/data_mix.sh train2  # after `extend`: the shipped dFlash and xPress drafters, 500 steps on it
-#   bash scripts/data_mix.sh tau2    # their tau, as `tau`
+#   bash scripts/data_mix.sh tau2    # their tau and the shipped folders', as `tau`
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -70,10 +70,15 @@ case "${1:-}" in
     wait
     ;;
   tau2)
-    for refiner in none xpress; do
-      python -m hf_xpress.training tau --drafter "runs/mix-regen2-$refiner/best" \
+    # The continued runs and, as baselines, the shipped folders, each at its own inference settings (the runs inherit
+    # the shipped folders'); results already present are kept.
+    declare -A DRAFTERS=([regen2-none]=runs/mix-regen2-none/best [regen2-xpress]=runs/mix-regen2-xpress/best
+                         [shipped-dflash]=drafters/smollm2-135m-dflash-b16 [shipped-xpress]=drafters/smollm2-135m-xpress-b16)
+    for name in "${!DRAFTERS[@]}"; do
+      [[ -f "results/data-mix/tau-$name.json" ]] && continue
+      python -m hf_xpress.training tau --drafter "${DRAFTERS[$name]}" \
         --reference results/training/greedy-reference.json --sets humaneval,mtbench,math500 --limit 6 --threads 1 \
-        --out "results/data-mix/tau-regen2-$refiner.json" &
+        --out "results/data-mix/tau-$name.json" &
     done
     wait
     ;;

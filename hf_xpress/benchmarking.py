@@ -1022,7 +1022,7 @@ def block_latency(
     - ``markov``: the Markov head's sequential decode of the B-1 slots (same propose call).
     - ``compiled=True``: also ``refine_compiled[K]``, the same calls through ``enable_fast_refine()`` (the fixed-K
       loop compiled by ``torch.compile``; a CUDA graph on a GPU, C++ kernels on a CPU), compiled before timing,
-      and ``markov_compiled``, the Markov head's propose compiled the same way.
+      with its slope ``per_pass_compiled``, and ``markov_compiled``, the Markov head's propose compiled the same way.
     - pieces of one pass: ``w2_read`` (r -> V over B-1 slots), ``refiner_hidden_part`` (once per block).
     - ``verify``: the target over B tokens (logits for all, the drafter's hidden-state layers kept) after a
       ``context_length`` cache; ``decode_step``: the target over 1 token. Both cropped back after each repeat.
@@ -1170,7 +1170,9 @@ def block_latency(
         "draft_ms": draft * ms,
         "refine_ms": {int(k): v * ms for k, v in refine.items()},
         "per_pass_ms": slope * ms,
-        **({"refine_compiled_ms": {int(k): v * ms for k, v in refine_compiled.items()}} if refine_compiled else {}),
+        **({"refine_compiled_ms": {int(k): v * ms for k, v in refine_compiled.items()},
+            "per_pass_compiled_ms": _slope(list(refine_compiled), list(refine_compiled.values())) * ms}
+           if refine_compiled else {}),
         **({"markov_compiled_ms": t_markov_compiled * ms} if t_markov_compiled is not None else {}),
         "markov_ms": t_markov * ms,
         "refiner_hidden_part_ms": t_hidden_part * ms,

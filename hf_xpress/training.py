@@ -662,6 +662,29 @@ def draft_blocks(drafter: XPressDrafterModel, hidden: torch.Tensor, base: torch.
     return tokens
 
 
+@torch.no_grad()
+def heldout_drafts(drafter: XPressDrafterModel, lm_head: torch.nn.Module, packed: "PackedInput",
+                   draft_vocab: torch.LongTensor | None, chunk: int = 8) -> torch.Tensor:
+    """Whether each inference-time greedy draft of the packed blocks equals its label, `[N, B-1]` bool. Drafts are
+    over the full vocabulary, or only `draft_vocab` (as `XPressDrafterModel.draft_logits`), `chunk` blocks at a time:
+    full-vocabulary logits and a refiner's passes over them are the largest tensors (~9 MB per block at 151,936
+    tokens)."""
+    hidden = drafter_hidden(drafter, packed)
+    outside = None
+    if draft_vocab is not None:
+        outside = torch.ones(lm_head.weight.shape[0], dtype=torch.bool, device=hidden.device)
+        outside[draft_vocab] = False
+    correct = []
+    for c in range(0, hidden.shape[0], chunk):
+        h = hidden[c : c + chunk]
+        base = lm_head(h[:, 1:])
+        if outside is not None:
+            base = base.masked_fill(outside, float("-inf"))
+        drafts = draft_blocks(drafter, h.float(), base.float(), packed.blocks.anchor_prev[c : c + len(h)])
+        correct.append(drafts == packed.blocks.labels[c : c + len(h)])
+    return torch.cat(correct)
+
+
 def acceptance_estimate(correct: torch.Tensor, valid: torch.Tensor) -> dict[str, Any]:
     """correct/valid `[N, K]` bool (draft == target argmax). Per-slot accuracy acc_k, `tau_est = 1 + sum_k
     prod_{j<=k} acc_j`, and `tau_block` = 1 + mean leading run of correct drafts (exact when the sequence is the
@@ -1132,19 +1155,9 @@ class Trainer:
             generator.set_state(state)  # the same anchors, full vocabulary
             packed = pack_blocks(model, self.embed, self.lm_head, seqs, feats, finals, self.cfg.eval_anchors, generator,
                                  with_p_target=False)
-            hidden = drafter_hidden(model, packed)
-            # A few blocks at a time: full-vocabulary logits (and a refiner's passes over them) are the evaluation's
-            # largest tensors, ~9 MB per block for a 151,936-token vocabulary.
-            for c in range(0, hidden.shape[0], self.EVAL_DRAFT_BLOCKS):
-                h = hidden[c : c + self.EVAL_DRAFT_BLOCKS]
-                base = self.lm_head(h[:, 1:])
-                if self.vocab is not None and self.cfg.draft_vocab:  # as `XPressDrafterModel.draft_logits` does
-                    outside = torch.ones(base.shape[-1], dtype=torch.bool, device=base.device)
-                    outside[self.vocab] = False
-                    base = base.masked_fill(outside, float("-inf"))
-                drafts = draft_blocks(model, h.float(), base.float(), packed.blocks.anchor_prev[c : c + len(h)])
-                correct.append(drafts == packed.blocks.labels[c : c + len(h)])
-                valid.append(packed.blocks.valid[c : c + len(h)])
+            draft_vocab = self.vocab if self.cfg.draft_vocab else None  # what the saved drafter will draft among
+            correct.append(heldout_drafts(model, self.lm_head, packed, draft_vocab, self.EVAL_DRAFT_BLOCKS))
+            valid.append(packed.blocks.valid)
         model.train()
         est = acceptance_estimate(torch.cat(correct), torch.cat(valid))
         return {"step": self.state["step"], "tokens": self.state["tokens"], "heldout_loss": sum(losses) / max(len(losses), 1),

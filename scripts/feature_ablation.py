@@ -23,8 +23,8 @@ import torch
 
 from hf_xpress import XPressDrafterModel
 from hf_xpress.assets import load_target
-from hf_xpress.training import (Dataset, acceptance_estimate, draft_blocks, drafter_outputs, pack_blocks,
-                                target_features, training_split)
+from hf_xpress.training import (Dataset, acceptance_estimate, heldout_drafts, pack_blocks, target_features,
+                                training_split)
 
 
 def ngram_baselines(data: Dataset, train: list[int], heldout: list[int]) -> dict[str, float]:
@@ -74,14 +74,8 @@ def ablations(drafter: XPressDrafterModel, target, data: Dataset, heldout: list[
                     f = torch.zeros_like(f)
                 feats.append(f)
                 finals.append(fin[0])
-            packed = pack_blocks(drafter, embed, lm_head, seqs, feats, finals, anchors, generator)
-            hidden, base = drafter_outputs(drafter, lm_head, packed)
-            if drafter.draft_vocab is not None:
-                outside = torch.ones(base.shape[-1], dtype=torch.bool)
-                outside[drafter.draft_vocab] = False
-                base = base.masked_fill(outside, float("-inf"))
-            drafts = draft_blocks(drafter, hidden.float(), base.float(), packed.blocks.anchor_prev)
-            correct.append(drafts == packed.blocks.labels)
+            packed = pack_blocks(drafter, embed, lm_head, seqs, feats, finals, anchors, generator, with_p_target=False)
+            correct.append(heldout_drafts(drafter, lm_head, packed, drafter.draft_vocab))
             valid.append(packed.blocks.valid)
         est = acceptance_estimate(torch.cat(correct), torch.cat(valid))
         results[mode] = {"acc1": est["slot_acc"][0], "acc2": est["slot_acc"][1], "tau_est": est["tau_est"],

@@ -74,6 +74,11 @@ def test_acceptance_estimate():
     assert est["slot_acc"] == [1.0, 0.5, 0.5]
     assert est["tau_est"] == pytest.approx(1 + 1.0 + 0.5 + 0.25)
     assert est["tau_block"] == pytest.approx(1 + (2 + 1) / 2)
+    assert est["blocks"] == 2 and est["acc1_se"] == 0.0  # slot 1 always right: no binomial noise
+    half = T.acceptance_estimate(torch.tensor([[True], [False], [True], [False], [True]]),
+                                 torch.tensor([[True], [True], [True], [True], [False]]))  # the last block is not valid
+    assert half["blocks"] == 4 and half["slot_acc"] == [0.5]
+    assert half["acc1_se"] == pytest.approx((0.5 * 0.5 / 4) ** 0.5)
 
 
 # ---- packed blocks --------------------------------------------------------------------------------------------------

@@ -11,6 +11,10 @@
 #   bash scripts/train_smollm2.sh extend    # third run's data: more ShareGPT + stdlib appended, labelled in bf16
 #   bash scripts/train_smollm2.sh continue3 # third run: each shipped drafter continues on the extended data
 #   bash scripts/train_smollm2.sh ship3     # measure and ship the third run's drafters
+#   bash scripts/train_smollm2.sh mix       # fourth run's data: the regenerated set + 800 labelled stdlib chunks
+#   bash scripts/train_smollm2.sh continue4 # fourth run: each shipped drafter continues on it, the same budget for all
+#   bash scripts/train_smollm2.sh tau4      # the fourth run's tau (and the shipped Markov drafter's) at shipped settings
+#   bash scripts/train_smollm2.sh ship4     # ship the fourth run's drafters
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +22,7 @@ TARGET=smollm2-135m-instruct
 DATA=data/smollm2-label
 CACHE=${HF_XPRESS_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-label-L1-14-27}
 LAYER_IDS=1,14,27
+MIX_CACHE=${HF_XPRESS_MIX_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-mix-L1-14-27}
 
 # Same drafter, data and budget for the three runs; only --refiner differs.
 COMMON=(--target "$TARGET" --data "$DATA" --feature-cache "$CACHE"
@@ -26,16 +31,22 @@ COMMON=(--target "$TARGET" --data "$DATA" --feature-cache "$CACHE"
         --eval-every 100 --save-every 25 --heldout-every 25 --heldout-seqs 24 --eval-anchors 8 --seed 0 --threads 1)
 
 REF=results/training/greedy-reference.json
+REF24=results/training/greedy-reference-24.json
 
-# measure_and_ship SUFFIX: tau of runs/smollm2-{none,markov,xpress}SUFFIX/best (in parallel), then their folders in
-# drafters/ with model cards comparing the three.
-measure_and_ship() {
-  local suffix=$1 refiner
+# measure SUFFIX [LIMIT REFERENCE]: tau of runs/smollm2-{none,markov,xpress}SUFFIX/best, in parallel, on the first
+# LIMIT prompts of each set (default 6).
+measure() {
+  local suffix=$1 limit=${2:-6} ref=${3:-$REF} refiner
   for refiner in none markov xpress; do
-    python -m hf_xpress.training tau --drafter "runs/smollm2-$refiner$suffix/best" --reference "$REF" \
-      --sets humaneval,mtbench,math500 --limit 6 --threads 1 --out "results/training/tau-$refiner$suffix.json" &
+    python -m hf_xpress.training tau --drafter "runs/smollm2-$refiner$suffix/best" --reference "$ref" \
+      --sets humaneval,mtbench,math500 --limit "$limit" --threads 1 --out "results/training/tau-$refiner$suffix.json" &
   done
   wait
+}
+
+# ship SUFFIX: the runs' folders in drafters/, with model cards comparing the three (measured by `measure SUFFIX`).
+ship() {
+  local suffix=$1
   local taus=(--tau "dFlash=results/training/tau-none$suffix.json" --tau "+ Markov=results/training/tau-markov$suffix.json"
               --tau "+ xPress=results/training/tau-xpress$suffix.json")
   # From the third run on, the folders carry the inference settings measured best on this CPU
@@ -70,7 +81,8 @@ case "${1:-all}" in
   ship|all)
     # tau with real speculative decoding (greedy, fp32 target): plain greedy outputs once, then each drafter.
     python -m hf_xpress.training tau --reference "$REF" --sets humaneval,mtbench,math500 --limit 6 --threads 1
-    measure_and_ship ""
+    measure ""
+    ship ""
     ;;
   continue)
     # Second run: the whole data set labelled (1,836 sequences); each drafter starts from its first run's final
@@ -85,7 +97,8 @@ case "${1:-all}" in
     wait
     ;;
   ship2)
-    measure_and_ship -2
+    measure -2
+    ship -2
     ;;
   extend)
     # Third run's data: more ShareGPT conversations (the next 3,000) and stdlib chunks (up to 1,500; the first 700
@@ -110,7 +123,48 @@ case "${1:-all}" in
     wait
     ;;
   ship3)
-    measure_and_ship -3
+    measure -3
+    ship -3
+    ;;
+  mix)
+    # Fourth run's data: the regenerated set (the target's own answers to ShareGPT and stdlib-code prompts,
+    # data/smollm2-regen, built by scripts/data_mix.sh) plus 800 stdlib chunks with their real source labelled:
+    # training on regenerated text alone lowered HumanEval tau (results/data-mix). The committed labels are kept; on a
+    # fresh machine the same pass rebuilds the feature cache of every sequence.
+    if [[ ! -f data/smollm2-mix/manifest.json ]]; then
+      mkdir -p data/smollm2-mix
+      cp data/smollm2-regen/*.npy data/smollm2-regen/manifest.json data/smollm2-mix/
+    fi
+    hf-xpress data --target "$TARGET" --extend --source stdlib --num-code 800 --seed 2 --dtype bfloat16 \
+      --out data/smollm2-mix --layer-ids "$LAYER_IDS" --feature-cache "$MIX_CACHE" --threads 2
+    ;;
+  continue4)
+    # Fourth run: each shipped drafter (third run) continues on the mix, the same budget for all three. The held-out
+    # estimate uses 48 sequences x 24 anchors (1,152 blocks: slot-1 accuracy +-0.013; 192 blocks gave +-0.03).
+    mkdir -p runs
+    declare -A SHIPPED=([none]=dflash [markov]=markov [xpress]=xpress)
+    for refiner in ${REFINERS:-none markov xpress}; do
+      [[ -d "runs/smollm2-$refiner-4/final" ]] && continue
+      hf-xpress train "${COMMON[@]}" --data data/smollm2-mix --feature-cache "$MIX_CACHE" --refiner "$refiner" \
+        --init-drafter "drafters/smollm2-135m-${SHIPPED[$refiner]}-b16" --lr 6e-4 --max-steps "${CONTINUE_STEPS:-1200}" \
+        --eval-every 200 --heldout-seqs 48 --eval-anchors 24 ${MAX_SECONDS:+--max-seconds $MAX_SECONDS} \
+        --out "runs/smollm2-$refiner-4" >> "runs/smollm2-$refiner-4.log" 2>&1 &
+    done
+    wait
+    ;;
+  tau4)
+    # The fourth run's drafters on 24 prompts per set (their first 6 compare with the shipped drafters, measured at
+    # the same settings on 6: the dFlash and xPress ones by scripts/data_mix.sh tau2, results/data-mix/), and the
+    # shipped Markov drafter. Plain greedy outputs of the 24 prompts computed once first.
+    python -m hf_xpress.training tau --reference "$REF24" --sets humaneval,mtbench,math500 --limit 24 --threads 1
+    measure -4 24 "$REF24" &
+    [[ -f results/training/tau-shipped-markov.json ]] || python -m hf_xpress.training tau \
+      --drafter drafters/smollm2-135m-markov-b16 --reference "$REF" --sets humaneval,mtbench,math500 --limit 6 \
+      --threads 1 --out results/training/tau-shipped-markov.json
+    wait
+    ;;
+  ship4)
+    ship -4
     ;;
   lora)
     # Part 5: attach xPress to the trained dFlash drafter (LoRA r=16 on its layers and fc, refiner trained fully).

@@ -7,6 +7,8 @@
 #   bash scripts/results_smollm2.sh run3    # end to end, bf16, greedy: the third run's drafters, 15 vs 2 drafts
 #   bash scripts/results_smollm2.sh run3-t1 # the same at T = 1, 2 drafts per round
 #   bash scripts/results_smollm2.sh run3-speed  # the shipped settings only (2 drafts), for speed, caches dropped first
+#   bash scripts/results_smollm2.sh run4-speed  # the same for the fourth run's drafters (shipped in the eighth session)
+#   bash scripts/results_smollm2.sh run4-t1     # ... and at T = 1
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -14,6 +16,24 @@ cd "$(dirname "$0")/.."
 
 D=(--drafter drafters/smollm2-135m-dflash-b16 --drafter drafters/smollm2-135m-markov-b16
    --drafter drafters/smollm2-135m-xpress-b16)
+# Timing is only readable with little page cache held (docs/benchmarks.md): drop it first where allowed.
+drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "could not drop the page cache (not root)"; }
+
+# speed OUT: the shipped settings only (2 drafts per round), greedy, with and without the confidence threshold.
+speed() {
+  drop_caches
+  hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 0 \
+    --passes 2 --early-stop on --shortlist 64 --drafts 2 --confidence 0,0.2 --no-native-dflash \
+    --dtype bfloat16 --threads 2 --out "$1"
+}
+
+# t1 OUT: the same at T = 1 (no threshold).
+t1() {
+  drop_caches
+  hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 1 \
+    --passes 2 --early-stop on --shortlist 64 --drafts 2 --no-native-dflash --dtype bfloat16 --threads 2 --out "$1"
+}
+
 case "${1:-all}" in
   block|all)
     hf-xpress bench --block-only --drafter drafters/smollm2-135m-xpress-b16 --dtype bfloat16 --threads 2 \
@@ -40,18 +60,17 @@ case "${1:-all}" in
       --dtype bfloat16 --threads 2 --out results/smollm2-bf16-run3
     ;;&
   run3-t1|all)
-    sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "could not drop the page cache (not root)"
-    hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 1 \
-      --passes 2 --early-stop on --shortlist 64 --drafts 2 --no-native-dflash --dtype bfloat16 --threads 2 \
-      --out results/smollm2-bf16-run3-t1
+    t1 results/smollm2-bf16-run3-t1
     ;;&
   run3-speed|all)
-    # Timing is only readable with little page cache held (docs/benchmarks.md): drop it first where allowed.
-    sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "could not drop the page cache (not root)"
-    hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 0 \
-      --passes 2 --early-stop on --shortlist 64 --drafts 2 --confidence 0,0.2 --no-native-dflash \
-      --dtype bfloat16 --threads 2 --out results/smollm2-bf16-run3-speed
+    speed results/smollm2-bf16-run3-speed
     ;;&
+  run4-t1)
+    t1 results/smollm2-bf16-run4-t1
+    ;;
+  run4-speed)
+    speed results/smollm2-bf16-run4-speed
+    ;;
   draft-vocab)
     # The shipped drafters with their training vocabulary (8,192 tokens) as draft vocabulary, against the whole
     # vocabulary, at the shipped settings (2 drafts); copies under runs/ (the shipped folders are left as they are).
@@ -70,7 +89,7 @@ for name in ("dflash", "markov", "xpress"):
     model.save_pretrained(dst)
     print(dst, model.config.draft_vocab_size)
 PY
-    sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "could not drop the page cache (not root)"
+    drop_caches
     hf-xpress bench --drafter runs/draft-vocab/smollm2-135m-dflash-b16 --drafter runs/draft-vocab/smollm2-135m-markov-b16 \
       --drafter runs/draft-vocab/smollm2-135m-xpress-b16 --sets humaneval,mtbench,math500 --limit 3 \
       --max-new-tokens 96 --temperature 0 --passes 2 --early-stop on --shortlist 64 --drafts 2 --draft-vocab on,off \

@@ -1409,7 +1409,7 @@ def tau_main(args: argparse.Namespace) -> int:
         drafter.config.jacobi_passes = args.passes
     res = measure_tau(target, tokenizer, drafter, sets, args.limit, args.max_new_tokens, reference)
     c = drafter.config  # every inference setting the figures depend on (the drafter's own defaults are used)
-    res["_setup"] = {"drafter": args.drafter, "target": args.target, "target_dtype": "float32", "greedy": True,
+    res["_setup"] = {"drafter": args.drafter, "refiner": c.refiner, "target": args.target, "target_dtype": "float32", "greedy": True,
                      "max_new_tokens": args.max_new_tokens, "limit": args.limit, "jacobi_passes": c.jacobi_passes,
                      "jacobi_early_stop": c.jacobi_early_stop, "num_assistant_tokens": c.num_assistant_tokens,
                      "assistant_confidence_threshold": c.assistant_confidence_threshold,
@@ -1520,17 +1520,19 @@ def ship_main(args: argparse.Namespace) -> int:
     used, _, heldout = training_split(data.num_labelled, cfg.get("max_sequences"), cfg["heldout_every"])
     labelled_tokens = int(data.offsets[used])
     extended = "".join(
-        f" Extended with `{e['sources']}` (seed {e['seed']}, ShareGPT conversations {e['skip_prompts']}+ , up to "
-        f"{e['num_code']} stdlib chunks): {e['sequences']} sequences, {e['tokens']} tokens, labelled in {e['label_dtype']}."
+        f" Extended with `{e['sources']}` ({describe_sources(e)}; seed {e['seed']}): {e['sequences']} sequences, "
+        f"{e['tokens']} tokens, labelled in {e['label_dtype']}."
         for e in manifest.get("extensions", [])
     )
     results: dict[str, dict[str, float]] = {}
     identical: list[str] = []
+    settings: list[str] = []
     for item in args.tau or []:
         method, _, path = item.partition("=")
         measured = json.loads(Path(path).read_text())
         setup = measured.get("_setup", {})
         args.limit, args.max_new_tokens = setup.get("limit", args.limit), setup.get("max_new_tokens", args.max_new_tokens)
+        settings.append(f"{method}: {describe_inference_setup(setup)}")
         for name, row in measured.items():
             if name.startswith("_"):
                 continue
@@ -1548,8 +1550,7 @@ def ship_main(args: argparse.Namespace) -> int:
 Trained with `hf-xpress train` (see `scripts/` and `docs/training.md` in the hf-xpress repository).
 
 - **Data**: `{cfg['data']}`: {used} labelled sequences{f" (the first {used} of {data.num_labelled})" if used < data.num_labelled else ""}, {labelled_tokens} tokens (sources
-  `{manifest['sources']}`, seed {manifest['seed']}: ShareGPT first exchanges with their existing responses and Python
-  standard-library source shown as code blocks, chat template applied, max {manifest['max_len']} tokens), labelled by
+  `{manifest['sources']}`, seed {manifest['seed']}: {describe_sources(manifest)}; chat template applied, max {manifest['max_len']} tokens), labelled by
   one teacher-forced target forward (targets = the target's own next-token distribution and argmax at each
   position).{extended} Every {cfg['heldout_every']}th sequence held out ({min(cfg['heldout_seqs'], len(heldout))} used for evaluation).
 - **Drafter**: {cfg['layers']} layers, target layers {cfg['layer_ids']}, block {cfg['block_size']}, refiner
@@ -1575,16 +1576,56 @@ correct drafts):
 
         results_md = (results_table(results) + "\n\ntau = accepted drafts per round + 1, pooled over rounds; greedy, fp32 target, "
                       f"`max_new_tokens` {args.max_new_tokens}, first {args.limit} prompts of each set "
-                      "(HumanEval, MT-Bench turn 1, MATH-500 from MMATH), measured with the run's own settings ("
-                      f"{'xPress K = ' + str(setup['jacobi_passes']) + ', ' if setup.get('jacobi_passes') else ''}"
-                      "every draft of the block submitted), before any inference default above was set. "
-                      "Outputs identical to plain greedy `generate`: "
+                      "(HumanEval, MT-Bench turn 1, MATH-500 from MMATH), each drafter at the settings it was measured "
+                      "with (" + "; ".join(settings) + "). Outputs identical to plain greedy `generate`: "
                       + "; ".join(identical) + ".")
     write_model_card(out, target=target_name,
                      repo_id=f"hf-xpress/{out.name}", training=training, results=results_md,
                      limitations=args.limitations)
     print(f"[ship] {out}: {sum(f.stat().st_size for f in out.iterdir()) / 1e6:.1f} MB")
     return 0
+
+
+SOURCE_DESCRIPTIONS = {
+    "sharegpt": "ShareGPT first exchanges with their existing responses",
+    "stdlib": "Python standard-library source shown as code blocks",
+    "jsonl": "a jsonl file's prompts with their responses",
+    "regen-sharegpt": "ShareGPT first-exchange prompts answered by the target itself",
+    "regen-stdlib": "requests for Python standard-library files answered by the target itself",
+    "regen-jsonl": "a jsonl file's prompts answered by the target itself",
+    "dataset": "the sequences of another dataset folder",
+}
+
+
+def describe_sources(record: dict) -> str:
+    """What a dataset manifest's (or extension's) `sources` hold, in words, with the ShareGPT / stdlib ranges used."""
+    parts = []
+    for spec in record["sources"].split(","):
+        kind, _, arg = spec.partition(":")
+        text = SOURCE_DESCRIPTIONS.get(kind, kind) + (f" (`{arg}`)" if arg else "")
+        if kind.endswith("sharegpt"):
+            text += f" (conversations {record.get('skip_prompts') or 0}+, up to {record.get('num_prompts')})"
+        elif kind.endswith("stdlib"):
+            text += f" (up to {record.get('num_code')} chunks)"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def describe_inference_setup(setup: dict) -> str:
+    """A tau measurement's inference settings (`tau`'s `_setup`) in words; older files did not record them."""
+    if "num_assistant_tokens" not in setup:
+        return "settings not recorded: the run's own config, every draft of the block submitted"
+    n = setup["num_assistant_tokens"]
+    words = [f"{n} drafts per round" if n else "every draft of the block"]
+    if setup.get("refiner") == "xpress":
+        words.append(f"K = {setup['jacobi_passes']}{' with early stop' if setup.get('jacobi_early_stop') else ''}")
+    if setup.get("refiner_shortlist"):
+        words.append(f"shortlist {setup['refiner_shortlist']}")
+    if setup.get("assistant_confidence_threshold"):
+        words.append(f"confidence threshold {setup['assistant_confidence_threshold']}")
+    if setup.get("draft_vocab_size"):
+        words.append(f"draft vocabulary {setup['draft_vocab_size']}")
+    return ", ".join(words)
 
 
 def _set_draft_vocab(folder: Path, choice: str, cfg: dict) -> str:

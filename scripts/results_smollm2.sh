@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Reproduces the committed SmolLM2-135M-Instruct benchmark results (results/*-s2): run on a quiet machine.
+# Reproduces the committed SmolLM2-135M-Instruct benchmark results: run on a quiet machine. `drafts`, `run3*` and
+# `draft-vocab` measure the third run's folders (from git history), `run4*` the fourth run's (drafters/ now); `block`,
+# `bf16` and `fp32` measure drafters/ as it is (their committed results came from the folders shipped at the time:
+# `folders_at COMMIT` in scripts/folders_at.sh extracts those).
 #
 #   bash scripts/results_smollm2.sh block   # per-block latency, full vocabulary and refiner_shortlist=64
 #   bash scripts/results_smollm2.sh bf16    # end to end, bf16, greedy and T = 1, every method
@@ -16,22 +19,29 @@ cd "$(dirname "$0")/.."
 
 D=(--drafter drafters/smollm2-135m-dflash-b16 --drafter drafters/smollm2-135m-markov-b16
    --drafter drafters/smollm2-135m-xpress-b16)
+# The run3* stages measure the third run's folders (drafters/ holds the fourth run's since the eighth session).
+source scripts/folders_at.sh
+export D3_DIR=$(folders_at "$THIRD_RUN")
+D3=(--drafter "$D3_DIR/smollm2-135m-dflash-b16" --drafter "$D3_DIR/smollm2-135m-markov-b16"
+    --drafter "$D3_DIR/smollm2-135m-xpress-b16")
 # Timing is only readable with little page cache held (docs/benchmarks.md): drop it first where allowed.
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "could not drop the page cache (not root)"; }
 
 # speed OUT: the shipped settings only (2 drafts per round), greedy, with and without the confidence threshold.
 speed() {
+  local out=$1; shift
   drop_caches
-  hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 0 \
+  hf-xpress bench "$@" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 0 \
     --passes 2 --early-stop on --shortlist 64 --drafts 2 --confidence 0,0.2 --no-native-dflash \
-    --dtype bfloat16 --threads 2 --out "$1"
+    --dtype bfloat16 --threads 2 --out "$out"
 }
 
 # t1 OUT: the same at T = 1 (no threshold).
 t1() {
+  local out=$1; shift
   drop_caches
-  hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 1 \
-    --passes 2 --early-stop on --shortlist 64 --drafts 2 --no-native-dflash --dtype bfloat16 --threads 2 --out "$1"
+  hf-xpress bench "$@" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 1 \
+    --passes 2 --early-stop on --shortlist 64 --drafts 2 --no-native-dflash --dtype bfloat16 --threads 2 --out "$out"
 }
 
 case "${1:-all}" in
@@ -48,39 +58,39 @@ case "${1:-all}" in
     ;;&
   drafts|all)
     # Drafts per round (num_assistant_tokens) and the confidence threshold, greedy, bf16 (third session).
-    hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 0 \
+    hf-xpress bench "${D3[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 0 \
       --passes 2 --early-stop on --shortlist 64 --drafts none,2,4 --confidence 0,0.2 --no-native-dflash \
       --dtype bfloat16 --threads 2 --out results/smollm2-bf16-drafts
     ;;&
   run3|all)
     # The third training run's drafters (shipped with 2 drafts per round as their default; the bench sets every
     # knob explicitly per method, so "none" is the full block).
-    hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 0 \
+    hf-xpress bench "${D3[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 0 \
       --passes 2 --early-stop on --shortlist 64 --drafts none,2 --confidence 0,0.2 --no-native-dflash \
       --dtype bfloat16 --threads 2 --out results/smollm2-bf16-run3
     ;;&
   run3-t1|all)
-    t1 results/smollm2-bf16-run3-t1
+    t1 results/smollm2-bf16-run3-t1 "${D3[@]}"
     ;;&
   run3-speed|all)
-    speed results/smollm2-bf16-run3-speed
+    speed results/smollm2-bf16-run3-speed "${D3[@]}"
     ;;&
   run4-t1)
-    t1 results/smollm2-bf16-run4-t1
+    t1 results/smollm2-bf16-run4-t1 "${D[@]}"
     ;;
   run4-speed)
-    speed results/smollm2-bf16-run4-speed
+    speed results/smollm2-bf16-run4-speed "${D[@]}"
     ;;
   draft-vocab)
-    # The shipped drafters with their training vocabulary (8,192 tokens) as draft vocabulary, against the whole
-    # vocabulary, at the shipped settings (2 drafts); copies under runs/ (the shipped folders are left as they are).
+    # The third run's drafters with their training vocabulary (8,192 tokens) as draft vocabulary, against the whole
+    # vocabulary, at the shipped settings (2 drafts); copies under runs/draft-vocab.
     python - <<'PY'
-import json, shutil
+import json, os, shutil
 from pathlib import Path
 from hf_xpress import XPressDrafterModel
 from hf_xpress.training import run_training_vocabulary
 for name in ("dflash", "markov", "xpress"):
-    src, dst = Path(f"drafters/smollm2-135m-{name}-b16"), Path(f"runs/draft-vocab/smollm2-135m-{name}-b16")
+    src, dst = Path(f"{os.environ['D3_DIR']}/smollm2-135m-{name}-b16"), Path(f"runs/draft-vocab/smollm2-135m-{name}-b16")
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(src, dst)
     model = XPressDrafterModel.from_pretrained(dst)

@@ -11,6 +11,7 @@
 #   bash scripts/train_smollm2.sh extend    # third run's data: more ShareGPT + stdlib appended, labelled in bf16
 #   bash scripts/train_smollm2.sh continue3 # third run: each shipped drafter continues on the extended data
 #   bash scripts/train_smollm2.sh ship3     # measure and ship the third run's drafters
+#   bash scripts/train_smollm2.sh sweep     # before the fourth run: slot-weight gamma x lr, 300 steps of dFlash
 #   bash scripts/train_smollm2.sh mix       # fourth run's data: the regenerated set + 800 labelled stdlib chunks
 #   bash scripts/train_smollm2.sh continue4 # fourth run: each shipped drafter continues on it, the same budget for all
 #   bash scripts/train_smollm2.sh tau4      # the fourth run's tau (and the shipped Markov drafter's) at shipped settings
@@ -32,6 +33,10 @@ COMMON=(--target "$TARGET" --data "$DATA" --feature-cache "$CACHE"
 
 REF=results/training/greedy-reference.json
 REF24=results/training/greedy-reference-24.json
+
+# The third run's shipped folders, where the sweep and the fourth run start (drafters/ now holds the fourth run's).
+source scripts/folders_at.sh
+SHIPPED3=$(folders_at "$THIRD_RUN")
 
 # measure SUFFIX [LIMIT REFERENCE]: tau of runs/smollm2-{none,markov,xpress}SUFFIX/best, in parallel, on the first
 # LIMIT prompts of each set (default 6).
@@ -126,6 +131,35 @@ case "${1:-all}" in
     measure -3
     ship -3
     ;;
+  sweep)
+    # Before the fourth run: the slot-weight decay gamma (2: weight on the first drafts only; 7: dFlash's) x the
+    # learning rate, 300 steps of the third run's dFlash drafter on data/smollm2-regen (its feature cache is built by
+    # scripts/data_mix.sh data), two runs at a time. Held-out: 24 sequences x 48 anchors (1,152 blocks); the held-out
+    # losses differ by gamma (they are slot-weighted), the acceptances do not. -> results/training/sweep-gamma-lr.json
+    for lrs in "6e-4" "2e-3"; do
+      for gamma in 2 7; do
+        [[ -d "runs/sweep-g$gamma-lr$lrs/final" ]] && continue
+        hf-xpress train "${COMMON[@]}" --data data/smollm2-regen \
+          --feature-cache "${HF_XPRESS_REGEN_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-regen-L1-14-27}" \
+          --refiner none --init-drafter "$SHIPPED3/smollm2-135m-dflash-b16" --gamma "$gamma" --lr "$lrs" \
+          --max-steps 300 --eval-anchors 48 --out "runs/sweep-g$gamma-lr$lrs" >> "runs/sweep-g$gamma-lr$lrs.log" 2>&1 &
+      done
+      wait
+    done
+    python - <<'PY'
+import json
+from pathlib import Path
+curves = {}
+for run in sorted(Path("runs").glob("sweep-g*-lr*")):
+    if run.is_dir():
+        history = json.loads((run / "final" / "training_history.json").read_text())["history"]
+        curves[run.name.removeprefix("sweep-")] = [
+            {"step": e["step"], "tokens": e["tokens"], "heldout_loss": e["heldout_loss"], "tau_est": e["tau_est"],
+             "tau_block": e["tau_block"], "acc1": e["slot_acc"][0], "acc1_se": e["acc1_se"], "blocks": e["blocks"]}
+            for e in history]
+Path("results/training/sweep-gamma-lr.json").write_text(json.dumps(curves, indent=1))
+PY
+    ;;
   mix)
     # Fourth run's data: the regenerated set (the target's own answers to ShareGPT and stdlib-code prompts,
     # data/smollm2-regen, built by scripts/data_mix.sh) plus 800 stdlib chunks with their real source labelled:
@@ -141,12 +175,11 @@ case "${1:-all}" in
   continue4)
     # Fourth run: each shipped drafter (third run) continues on the mix, the same budget for all three. The held-out
     # estimate uses 48 sequences x 24 anchors (1,152 blocks: slot-1 accuracy +-0.013; 192 blocks gave +-0.03).
-    mkdir -p runs
     declare -A SHIPPED=([none]=dflash [markov]=markov [xpress]=xpress)
     for refiner in ${REFINERS:-none markov xpress}; do
       [[ -d "runs/smollm2-$refiner-4/final" ]] && continue
       hf-xpress train "${COMMON[@]}" --data data/smollm2-mix --feature-cache "$MIX_CACHE" --refiner "$refiner" \
-        --init-drafter "drafters/smollm2-135m-${SHIPPED[$refiner]}-b16" --lr 6e-4 --max-steps "${CONTINUE_STEPS:-1200}" \
+        --init-drafter "$SHIPPED3/smollm2-135m-${SHIPPED[$refiner]}-b16" --lr 6e-4 --max-steps "${CONTINUE_STEPS:-1200}" \
         --eval-every 200 --heldout-seqs 48 --eval-anchors 24 ${MAX_SECONDS:+--max-seconds $MAX_SECONDS} \
         --out "runs/smollm2-$refiner-4" >> "runs/smollm2-$refiner-4.log" 2>&1 &
     done
@@ -159,7 +192,7 @@ case "${1:-all}" in
     python -m hf_xpress.training tau --reference "$REF24" --sets humaneval,mtbench,math500 --limit 24 --threads 1
     measure -4 24 "$REF24" &
     [[ -f results/training/tau-shipped-markov.json ]] || python -m hf_xpress.training tau \
-      --drafter drafters/smollm2-135m-markov-b16 --reference "$REF" --sets humaneval,mtbench,math500 --limit 6 \
+      --drafter "$SHIPPED3/smollm2-135m-markov-b16" --reference "$REF" --sets humaneval,mtbench,math500 --limit 6 \
       --threads 1 --out results/training/tau-shipped-markov.json
     wait
     ;;

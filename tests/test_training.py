@@ -469,11 +469,17 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
                                                           "num_code": 0, "label_dtype": "bfloat16"})
     T.label_dataset(target, data, layer_ids=None, cache_dir=None, chunk=8, max_batch_tokens=256)
     T.Trainer(_cfg(data, tmp_path / "run", max_steps=2, eval_every=2), target=target).run()
-    tau = tmp_path / "tau.json"
+    tau = tmp_path / "tau.json"  # a file from before `tau` recorded its inference settings
     tau.write_text(json.dumps({"_setup": {"limit": 2, "max_new_tokens": 16, "jacobi_passes": 6},
                                "humaneval": {"tau": 1.5, "identical_to_greedy": 2, "prompts": 2}}))
+    tau_new = tmp_path / "tau-new.json"
+    tau_new.write_text(json.dumps({"_setup": {"limit": 2, "max_new_tokens": 16, "refiner": "xpress", "jacobi_passes": 2,
+                                              "jacobi_early_stop": True, "num_assistant_tokens": 2,
+                                              "assistant_confidence_threshold": 0.2, "refiner_shortlist": 64,
+                                              "draft_vocab_size": None},
+                                   "humaneval": {"tau": 1.25, "identical_to_greedy": 2, "prompts": 2}}))
     out = tmp_path / "shipped"
-    args = argparse.Namespace(run=str(tmp_path / "run"), checkpoint="best", out=str(out), tau=[f"xPress={tau}"],
+    args = argparse.Namespace(run=str(tmp_path / "run"), checkpoint="best", out=str(out), tau=[f"old={tau}", f"new={tau_new}"],
                               limit=10, max_new_tokens=128, limitations="small", set=["num_assistant_tokens=2",
                                                                                        "refiner_shortlist=64"])
     assert T.ship_main(args) == 0
@@ -482,7 +488,11 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
     card = (out / "README.md").read_text()
     assert "`num_assistant_tokens=2`" in card and "1.5" in card and "labelled in bfloat16" in card
     assert "It proposes up to 2 of its 3 draft tokens per round;" in card  # the shipped default, not the block
-    assert "(xPress K = 6, every draft of the block submitted), before any inference default above was set" in card
+    assert ("each drafter at the settings it was measured with (old: settings not recorded: the run's own config, "
+            "every draft of the block submitted; new: 2 drafts per round, K = 2 with early stop, shortlist 64, "
+            "confidence threshold 0.2)") in card
+    assert "sources\n  `test`, seed 0: test;" in card  # an unknown source kind is named as it is
+    assert "Extended with `more` (more; seed 1)" in card
     assert "(HuggingFaceTB/SmolLM2-135M-Instruct, frozen, float32). Mask token id 127." in card  # 127 is not <empty_output>
     bad = argparse.Namespace(**{**vars(args), "set": ["block_size=8"]})
     with pytest.raises(ValueError, match="--set takes KEY=VALUE with KEY one of"):
@@ -490,6 +500,17 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
     bad = argparse.Namespace(**{**vars(args), "set": ["num_assistant_tokens=99"]})
     with pytest.raises(ValueError, match="num_assistant_tokens must be None or in"):
         T.ship_main(bad)
+
+
+def test_dataset_sources_are_described_with_their_ranges():
+    record = {"sources": "regen-sharegpt,regen-stdlib,dataset:data/x", "skip_prompts": 5140, "num_prompts": 1000,
+              "num_code": 400}
+    assert T.describe_sources(record) == (
+        "ShareGPT first-exchange prompts answered by the target itself (conversations 5140+, up to 1000); "
+        "requests for Python standard-library files answered by the target itself (up to 400 chunks); "
+        "the sequences of another dataset folder (`data/x`)")
+    assert T.describe_sources({"sources": "stdlib", "num_code": 800}) == (
+        "Python standard-library source shown as code blocks (up to 800 chunks)")
 
 
 def test_saved_drafters_draft_among_the_training_vocabulary_and_ship_can_change_it(tmp_path):

@@ -1,0 +1,12 @@
+# Sourced by the scripts that measure or continue earlier drafters: `folders_at COMMIT` extracts the drafters/ folder
+# as committed at COMMIT into runs/drafters-COMMIT/ (once) and prints that path. drafters/ holds only the latest run's
+# folders; the earlier ones stay in git history.
+folders_at() {
+  local dir="runs/drafters-$1"
+  if [[ ! -d "$dir" ]]; then
+    mkdir -p "$dir.tmp" && git archive "$1" drafters | tar -x -C "$dir.tmp" --strip-components=1 && mv "$dir.tmp" "$dir"
+  fi
+  echo "$dir"
+}
+# The third training run's shipped folders (the last commit with them): where the sweep and the fourth run start.
+THIRD_RUN=8fcbcce

@@ -26,11 +26,22 @@ D3=(--drafter "$D3_DIR/smollm2-135m-dflash-b16" --drafter "$D3_DIR/smollm2-135m-
     --drafter "$D3_DIR/smollm2-135m-xpress-b16")
 # Timing is only readable with little page cache held (docs/benchmarks.md): drop it first where allowed.
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "could not drop the page cache (not root)"; }
+# Waits (up to 15 minutes) for the 1-minute load average to fall below 0.25: it lags, so a bench started right after
+# another one reads as busy (the report then warns) although nothing else runs.
+wait_quiet() {
+  local i
+  for i in $(seq 180); do
+    awk '{exit !($1 < 0.25)}' /proc/loadavg && return 0
+    sleep 5
+  done
+  echo "the load average stayed at $(cut -d' ' -f1 /proc/loadavg): timings will carry the report's warning"
+}
 
-# speed OUT: the shipped settings only (2 drafts per round), greedy, with and without the confidence threshold.
+# speed OUT: (OUT$SUFFIX: SUFFIX=-xeon keeps another host's run apart) the shipped settings only (2 drafts per round), greedy, with and without the confidence threshold.
 speed() {
-  local out=$1; shift
+  local out=$1${SUFFIX:-}; shift
   drop_caches
+  wait_quiet
   hf-xpress bench "$@" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 0 \
     --passes 2 --early-stop on --shortlist 64 --drafts 2 --confidence 0,0.2 --no-native-dflash \
     --dtype bfloat16 --threads 2 --out "$out"
@@ -38,8 +49,9 @@ speed() {
 
 # t1 OUT: the same at T = 1 (no threshold).
 t1() {
-  local out=$1; shift
+  local out=$1${SUFFIX:-}; shift
   drop_caches
+  wait_quiet
   hf-xpress bench "$@" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 1 \
     --passes 2 --early-stop on --shortlist 64 --drafts 2 --no-native-dflash --dtype bfloat16 --threads 2 --out "$out"
 }

@@ -29,6 +29,7 @@ Read top to bottom:
 from __future__ import annotations
 
 import argparse
+import ast
 import glob
 import hashlib
 import json
@@ -146,16 +147,20 @@ def jsonl_exchanges(path: str, limit: int | None) -> Iterator[tuple[str, list[di
             yield str(row.get("id", f"{Path(path).stem}/{lineno}")), msgs
 
 
-def stdlib_exchanges(limit: int | None, chunk_chars: int = 1600, max_chunks_per_file: int = 4) -> Iterator[tuple[str, list[dict]]]:
-    """`(id, [user, assistant])`: Python standard-library source shown as a fenced code block, in chunks.
-
-    Files are the interpreter's own `lib/python3.X/**/*.py` (no tests, no site-packages), sorted by path.
-    """
+def _stdlib_files() -> tuple[Path, list[str]]:
+    """The interpreter's own `lib/python3.X/**/*.py` (no tests, no site-packages), sorted by path, and that root."""
     root = Path(sys.base_prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}"
     files = sorted(
         p for p in glob.glob(str(root / "**" / "*.py"), recursive=True)
         if "site-packages" not in p and "/test" not in p and "idlelib" not in p and "lib2to3" not in p
     )
+    return root, files
+
+
+def stdlib_exchanges(limit: int | None, chunk_chars: int = 1600, max_chunks_per_file: int = 4) -> Iterator[tuple[str, list[dict]]]:
+    """`(id, [user, assistant])`: Python standard-library source shown as a fenced code block, in chunks, files in
+    path order."""
+    root, files = _stdlib_files()
     count = 0
     for path in files:
         try:
@@ -176,6 +181,42 @@ def stdlib_exchanges(limit: int | None, chunk_chars: int = 1600, max_chunks_per_
             ]
             count += 1
             yield f"stdlib/{name}#{c}", msgs
+
+
+def stdlib_functions(limit: int | None, max_source_chars: int = 4000) -> Iterator[tuple[str, list[dict]]]:
+    """`(id, [user, assistant])`: HumanEval-shaped tasks from the standard library. Each public top-level function
+    with a docstring (>= 40 characters) and a body becomes "complete this function" (its decorators, signature and
+    docstring, in HumanEval's instruction wording: the prompts are the library's, never HumanEval's), answered by its
+    real source. Ordered by a hash of the id, so any prefix samples the whole library rather than its first packages.
+    """
+    from .assets import HUMANEVAL_INSTRUCTION
+
+    root, files = _stdlib_files()
+    tasks = []
+    for path in files:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+            tree = ast.parse(text)
+        except (UnicodeDecodeError, OSError, SyntaxError, ValueError):
+            continue
+        lines = text.splitlines()
+        for node in tree.body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            if not doc or len(doc) < 40 or len(node.body) < 2:
+                continue
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            source = "\n".join(lines[start - 1 : node.end_lineno])
+            if len(source) > max_source_chars:
+                continue
+            head = "\n".join(lines[start - 1 : node.body[0].end_lineno]) + "\n"  # up to the docstring's end
+            ident = f"pyfunc/{os.path.relpath(path, root)}:{node.name}"
+            tasks.append((hashlib.sha1(ident.encode()).hexdigest(), ident, head, source))
+    tasks.sort()
+    for _, ident, head, source in tasks[:limit]:
+        yield ident, [{"role": "user", "content": HUMANEVAL_INSTRUCTION.format(prompt=head)},
+                      {"role": "assistant", "content": f"```python\n{source}\n```"}]
 
 
 @torch.no_grad()
@@ -428,10 +469,12 @@ def collect_sequences(args: argparse.Namespace, target: Any, tokenizer: Any, out
     for spec in args.source.split(","):
         kind, _, arg = spec.partition(":")
         n_before = len(seqs)
-        if kind in ("sharegpt", "jsonl", "stdlib"):
-            it = {"sharegpt": lambda: sharegpt_exchanges(args.num_prompts, args.skip_prompts),
-                  "jsonl": lambda: jsonl_exchanges(arg, args.num_prompts),
-                  "stdlib": lambda: stdlib_exchanges(args.num_code)}[kind]()
+        exchanges = {"sharegpt": lambda: sharegpt_exchanges(args.num_prompts, args.skip_prompts),
+                     "jsonl": lambda: jsonl_exchanges(arg, args.num_prompts),
+                     "stdlib": lambda: stdlib_exchanges(args.num_code),
+                     "pyfunc": lambda: stdlib_functions(getattr(args, "num_functions", None))}
+        if kind in exchanges:
+            it = exchanges[kind]()
             for ident, msgs in it:
                 if msgs[-1]["role"] != "assistant":
                     raise ValueError(f"{ident}: label mode needs a response; use regen-{kind} for prompts only")
@@ -449,10 +492,8 @@ def collect_sequences(args: argparse.Namespace, target: Any, tokenizer: Any, out
             for i, ident in enumerate(names):
                 tok, _, plen = other.sequence(i)
                 seqs.append((ident, np.asarray(tok).tolist(), plen))
-        elif kind in ("regen-sharegpt", "regen-jsonl", "regen-stdlib"):
-            ex = list({"regen-sharegpt": lambda: sharegpt_exchanges(args.num_prompts, args.skip_prompts),
-                       "regen-jsonl": lambda: jsonl_exchanges(arg, args.num_prompts),
-                       "regen-stdlib": lambda: stdlib_exchanges(args.num_code)}[kind]())
+        elif kind.startswith("regen-") and kind.removeprefix("regen-") in exchanges:
+            ex = list(exchanges[kind.removeprefix("regen-")]())
             for ident, ids, plen in regenerate(target, tokenizer, ex, out, max_new_tokens=args.max_new_tokens,
                                                batch_size=args.batch_size, do_sample=args.do_sample, seed=args.seed,
                                                max_prompt=args.max_prompt):
@@ -460,8 +501,8 @@ def collect_sequences(args: argparse.Namespace, target: Any, tokenizer: Any, out
                 if ids is not None:
                     seqs.append(("regen:" + ident, ids, plen))
         else:
-            raise ValueError(f"unknown source {spec!r}: sharegpt, stdlib, jsonl:PATH, regen-sharegpt, regen-stdlib, "
-                             "regen-jsonl:PATH, dataset:PATH")
+            raise ValueError(f"unknown source {spec!r}: sharegpt, stdlib, pyfunc, jsonl:PATH, regen-sharegpt, "
+                             "regen-stdlib, regen-pyfunc, regen-jsonl:PATH, dataset:PATH")
         counts[spec] = len(seqs) - n_before
         print(f"[data] {spec}: {counts[spec]} sequences", flush=True)
     random.Random(args.seed).shuffle(seqs)
@@ -479,7 +520,8 @@ def data_main(args: argparse.Namespace) -> int:
         if not (out / "manifest.json").exists():
             raise SystemExit(f"--extend: {out} holds no dataset to extend (no manifest.json)")
         record = {"sources": args.source, "seed": args.seed, "num_prompts": args.num_prompts,
-                  "skip_prompts": args.skip_prompts, "num_code": args.num_code, "label_dtype": args.dtype}
+                  "skip_prompts": args.skip_prompts, "num_code": args.num_code, "num_functions": args.num_functions,
+                  "label_dtype": args.dtype}
         added = extend_sequences(out, collect_sequences(args, target, tokenizer, out), record)
         print(f"[data] --extend: {added} new sequences appended to {out}")
     elif not (out / "manifest.json").exists():
@@ -487,7 +529,8 @@ def data_main(args: argparse.Namespace) -> int:
         manifest = {
             "target": args.target, "sources": args.source, "seed": args.seed, "max_len": args.max_len,
             "max_prompt": args.max_prompt, "num_prompts": args.num_prompts, "skip_prompts": args.skip_prompts,
-            "num_code": args.num_code, "max_new_tokens": args.max_new_tokens, "do_sample": args.do_sample,
+            "num_code": args.num_code, "num_functions": args.num_functions, "max_new_tokens": args.max_new_tokens,
+            "do_sample": args.do_sample,
             "label_dtype": args.dtype, "labels": "argmax of the target's next-token distribution at each position",
             "vocab_size": target.config.get_text_config().vocab_size,
         }
@@ -505,12 +548,14 @@ def add_data_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("data", help="build a token-id training set labelled by the target")
     p.add_argument("--target", default="smollm2-135m-instruct", help="alias, local folder or Hub id")
     p.add_argument("--source", default="sharegpt,stdlib",
-                   help="comma-separated: sharegpt, stdlib, jsonl:PATH (label existing text); regen-sharegpt, "
-                        "regen-stdlib, regen-jsonl:PATH (the same prompts, the target regenerates the responses); "
+                   help="comma-separated: sharegpt, stdlib, pyfunc, jsonl:PATH (label existing text); regen-sharegpt, "
+                        "regen-stdlib, regen-pyfunc, regen-jsonl:PATH (the same prompts, the target regenerates the "
+                        "responses; pyfunc: HumanEval-shaped 'complete this function' tasks from the standard library); "
                         "dataset:PATH (the sequences of another dataset folder, relabelled: mix sets with --extend)")
     p.add_argument("--num-prompts", type=int, default=1000, help="ShareGPT/jsonl conversations per source")
     p.add_argument("--skip-prompts", type=int, default=0, help="skip the first N ShareGPT conversations")
     p.add_argument("--num-code", type=int, default=400, help="stdlib code chunks")
+    p.add_argument("--num-functions", type=int, default=400, help="stdlib function tasks (pyfunc sources)")
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--max-prompt", type=int, default=256)
     p.add_argument("--max-new-tokens", type=int, default=256, help="regeneration length")
@@ -1592,6 +1637,8 @@ SOURCE_DESCRIPTIONS = {
     "jsonl": "a jsonl file's prompts with their responses",
     "regen-sharegpt": "ShareGPT first-exchange prompts answered by the target itself",
     "regen-stdlib": "requests for Python standard-library files answered by the target itself",
+    "pyfunc": "standard-library functions as HumanEval-shaped tasks (signature and docstring), answered by their source",
+    "regen-pyfunc": "standard-library functions as HumanEval-shaped tasks (signature and docstring), answered by the target itself",
     "regen-jsonl": "a jsonl file's prompts answered by the target itself",
     "dataset": "the sequences of another dataset folder",
 }
@@ -1607,6 +1654,8 @@ def describe_sources(record: dict) -> str:
             text += f" (conversations {record.get('skip_prompts') or 0}+, up to {record.get('num_prompts')})"
         elif kind.endswith("stdlib"):
             text += f" (up to {record.get('num_code')} chunks)"
+        elif kind.endswith("pyfunc"):
+            text += f" (up to {record.get('num_functions')} functions)"
         parts.append(text)
     return "; ".join(parts)
 

@@ -16,6 +16,7 @@
 #   bash scripts/train_smollm2.sh continue4 # fourth run: each shipped drafter continues on it, the same budget for all
 #   bash scripts/train_smollm2.sh tau4      # the fourth run's tau (and the shipped Markov drafter's) at shipped settings
 #   bash scripts/train_smollm2.sh ship4     # ship the fourth run's drafters
+#   bash scripts/train_smollm2.sh functions # fifth run's data: HumanEval-shaped stdlib function tasks (resumable)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +25,7 @@ DATA=data/smollm2-label
 CACHE=${HF_XPRESS_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-label-L1-14-27}
 LAYER_IDS=1,14,27
 MIX_CACHE=${HF_XPRESS_MIX_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-mix-L1-14-27}
+REGEN_CACHE=${HF_XPRESS_REGEN_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-regen-L1-14-27}
 
 # Same drafter, data and budget for the three runs; only --refiner differs.
 COMMON=(--target "$TARGET" --data "$DATA" --feature-cache "$CACHE"
@@ -134,13 +136,15 @@ case "${1:-all}" in
   sweep)
     # Before the fourth run: the slot-weight decay gamma (2: weight on the first drafts only; 7: dFlash's) x the
     # learning rate, 300 steps of the third run's dFlash drafter on data/smollm2-regen (its feature cache is built by
-    # scripts/data_mix.sh data), two runs at a time. Held-out: 24 sequences x 48 anchors (1,152 blocks); the held-out
-    # losses differ by gamma (they are slot-weighted), the acceptances do not. -> results/training/sweep-gamma-lr.json
+    # the first command below; a no-op once built), two runs at a time. Held-out: 24 sequences x 48 anchors (1,152
+    # blocks); the held-out losses are slot-weighted, so they differ by gamma. -> results/training/sweep-gamma-lr.json
+    hf-xpress data --target "$TARGET" --out data/smollm2-regen --dtype bfloat16 --layer-ids "$LAYER_IDS" \
+      --feature-cache "$REGEN_CACHE" --threads 2
     for lrs in "6e-4" "2e-3"; do
       for gamma in 2 7; do
         [[ -d "runs/sweep-g$gamma-lr$lrs/final" ]] && continue
         hf-xpress train "${COMMON[@]}" --data data/smollm2-regen \
-          --feature-cache "${HF_XPRESS_REGEN_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-regen-L1-14-27}" \
+          --feature-cache "$REGEN_CACHE" \
           --refiner none --init-drafter "$SHIPPED3/smollm2-135m-dflash-b16" --gamma "$gamma" --lr "$lrs" \
           --max-steps 300 --eval-anchors 48 --out "runs/sweep-g$gamma-lr$lrs" >> "runs/sweep-g$gamma-lr$lrs.log" 2>&1 &
       done
@@ -198,6 +202,13 @@ PY
     ;;
   ship4)
     ship -4
+    ;;
+  functions)
+    # Data for the next run: the fourth run gained least on HumanEval-like requests. The standard library's documented
+    # functions as "complete this function" tasks, answered by the target (greedy, bf16) and by their real source
+    # (labelled). Resumable: regeneration keeps finished batches, labelling its prefix (MAX_SECONDS stops it).
+    hf-xpress data --target "$TARGET" --source regen-pyfunc,pyfunc --num-functions 1121 --seed 3 --dtype bfloat16 \
+      --max-new-tokens 256 --batch-size 16 --out data/smollm2-pyfunc --threads 2 ${MAX_SECONDS:+--max-seconds $MAX_SECONDS}
     ;;
   lora)
     # Part 5: attach xPress to the trained dFlash drafter (LoRA r=16 on its layers and fc, refiner trained fully).

@@ -417,6 +417,13 @@ def test_data_command_writes_a_dataset_that_loads(tmp_path):
     target.config.vocab_size = V + 1
     with pytest.raises(ValueError, match="vocabulary"):
         T.collect_sequences(mix, target, Tok(), tmp_path / "regen")
+    target.config.vocab_size = V
+    # standard-library function tasks: labelled (their source) or answered by the target
+    code = argparse.Namespace(**{**vars(args), "source": "pyfunc,regen-pyfunc", "num_functions": 2, "max_prompt": 4000,
+                                 "max_len": 4096})
+    seqs = T.collect_sequences(code, target, Tok(), tmp_path / "code")
+    assert sorted(i for i, _, _ in seqs) == sorted(i for t in T.stdlib_functions(2) for i in (t[0], "regen:" + t[0]))
+    assert all(len(ids) - p == 8 for i, ids, p in seqs if i.startswith("regen:"))
 
 
 def test_lora_attach_trains_refiner_and_saves_a_plain_drafter(tmp_path):
@@ -500,6 +507,27 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
     bad = argparse.Namespace(**{**vars(args), "set": ["num_assistant_tokens=99"]})
     with pytest.raises(ValueError, match="num_assistant_tokens must be None or in"):
         T.ship_main(bad)
+
+
+def test_stdlib_functions_are_humaneval_shaped_tasks_answered_by_their_source():
+    import ast
+
+    from hf_xpress.assets import HUMANEVAL_INSTRUCTION
+
+    tasks = list(T.stdlib_functions(12))
+    assert len(tasks) == 12 and len({i for i, _ in tasks}) == 12
+    assert [i for i, _ in T.stdlib_functions(5)] == [i for i, _ in tasks[:5]]  # a prefix, in a fixed order
+    assert len({i.split(":")[0].split("/")[1] for i, _ in tasks}) > 3  # spread over the library, not its first files
+    for ident, (user, answer) in tasks:
+        name = ident.rsplit(":", 1)[1]
+        head = user["content"].removeprefix(HUMANEVAL_INSTRUCTION.split("{")[0]).removeprefix("```python\n")
+        head = head.removesuffix("```")
+        source = answer["content"].removeprefix("```python\n").removesuffix("\n```")
+        assert user["role"] == "user" and answer["role"] == "assistant" and not name.startswith("_")
+        assert source.startswith(head.rstrip("\n")) and len(source) > len(head)  # signature + docstring, then a body
+        fn = [n for n in ast.parse(source).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        assert [f.name for f in fn] == [name] and ast.get_docstring(fn[0])
+        assert '"""' in head or "\'\'\'" in head  # the docstring is part of the task
 
 
 def test_dataset_sources_are_described_with_their_ranges():

@@ -550,7 +550,8 @@ def add_data_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--source", default="sharegpt,stdlib",
                    help="comma-separated: sharegpt, stdlib, pyfunc, jsonl:PATH (label existing text); regen-sharegpt, "
                         "regen-stdlib, regen-pyfunc, regen-jsonl:PATH (the same prompts, the target regenerates the "
-                        "responses; pyfunc: HumanEval-shaped 'complete this function' tasks from the standard library); "
+                        "responses; pyfunc: HumanEval-shaped 'complete this function' tasks from the standard "
+                        "library); "
                         "dataset:PATH (the sequences of another dataset folder, relabelled: mix sets with --extend)")
     p.add_argument("--num-prompts", type=int, default=1000, help="ShareGPT/jsonl conversations per source")
     p.add_argument("--skip-prompts", type=int, default=0, help="skip the first N ShareGPT conversations")
@@ -1454,7 +1455,8 @@ def tau_main(args: argparse.Namespace) -> int:
         drafter.config.jacobi_passes = args.passes
     res = measure_tau(target, tokenizer, drafter, sets, args.limit, args.max_new_tokens, reference)
     c = drafter.config  # every inference setting the figures depend on (the drafter's own defaults are used)
-    res["_setup"] = {"drafter": args.drafter, "refiner": c.refiner, "target": args.target, "target_dtype": "float32", "greedy": True,
+    res["_setup"] = {"drafter": args.drafter, "refiner": c.refiner, "target": args.target, "target_dtype": "float32",
+                     "greedy": True,
                      "max_new_tokens": args.max_new_tokens, "limit": args.limit, "jacobi_passes": c.jacobi_passes,
                      "jacobi_early_stop": c.jacobi_early_stop, "num_assistant_tokens": c.num_assistant_tokens,
                      "assistant_confidence_threshold": c.assistant_confidence_threshold,
@@ -1637,8 +1639,9 @@ SOURCE_DESCRIPTIONS = {
     "jsonl": "a jsonl file's prompts with their responses",
     "regen-sharegpt": "ShareGPT first-exchange prompts answered by the target itself",
     "regen-stdlib": "requests for Python standard-library files answered by the target itself",
-    "pyfunc": "standard-library functions as HumanEval-shaped tasks (signature and docstring), answered by their source",
-    "regen-pyfunc": "standard-library functions as HumanEval-shaped tasks (signature and docstring), answered by the target itself",
+    "pyfunc": "standard-library functions as HumanEval-shaped tasks (signature and docstring) answered by their source",
+    "regen-pyfunc": ("standard-library functions as HumanEval-shaped tasks (signature and docstring) answered by the "
+                     "target itself"),
     "regen-jsonl": "a jsonl file's prompts answered by the target itself",
     "dataset": "the sequences of another dataset folder",
 }

@@ -472,7 +472,7 @@ def collect_sequences(args: argparse.Namespace, target: Any, tokenizer: Any, out
         exchanges = {"sharegpt": lambda: sharegpt_exchanges(args.num_prompts, args.skip_prompts),
                      "jsonl": lambda: jsonl_exchanges(arg, args.num_prompts),
                      "stdlib": lambda: stdlib_exchanges(args.num_code),
-                     "pyfunc": lambda: stdlib_functions(getattr(args, "num_functions", None))}
+                     "pyfunc": lambda: stdlib_functions(args.num_functions)}
         if kind in exchanges:
             it = exchanges[kind]()
             for ident, msgs in it:

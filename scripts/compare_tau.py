@@ -69,9 +69,9 @@ def main() -> None:
         per_file.append(chosen)
     header = "| file | " + " | ".join(f"{s} (n={len(per_file[0][s])})" for s in sets) + " | all | vs first (paired) |"
     print("\n" + header + "\n|" + "---|" * (len(sets) + 3))
+    first = [p for s in sets for p in per_file[0][s]]
     for f, chosen in zip(args.files, per_file):
         everything = [p for s in sets for p in chosen[s]]
-        first = [p for s in sets for p in per_file[0][s]]
         cells = [f"{pooled(chosen[s]):.3f} +- {ratio_se(chosen[s]):.3f}" for s in sets]
         diff = pooled(everything) - pooled(first)
         cells += [f"{pooled(everything):.3f} +- {ratio_se(everything):.3f}",

@@ -14,6 +14,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FEATURES=${HF_XPRESS_FEATURES_ROOT:-$HOME/.cache/hf_xpress/features}
+# "Shipped" here means the third run's folders, which these experiments started from and compared against (drafters/
+# holds the fourth run's since the eighth session).
+source scripts/folders_at.sh
+SHIPPED3=$(folders_at "$THIRD_RUN")
 PROMPTS=(--num-prompts 640 --skip-prompts 4500 --seed 0 --dtype bfloat16 --layer-ids 1,14,27)
 STEPS=${STEPS:-500}
 
@@ -36,7 +40,7 @@ case "${1:-}" in
     for arm in regen text; do
       [[ -d "runs/mix-$arm/final" ]] && continue
       hf-xpress train --data "data/smollm2-$arm" --feature-cache "$FEATURES/smollm2-$arm-L1-14-27" --refiner none \
-        --init-drafter drafters/smollm2-135m-dflash-b16 --train-vocab 8192 --anchors-per-seq 16 --batch-size 4 \
+        --init-drafter "$SHIPPED3/smollm2-135m-dflash-b16" --train-vocab 8192 --anchors-per-seq 16 --batch-size 4 \
         --lr 6e-4 --max-steps "$STEPS" --mixed-precision bf16 --eval-every 100 --save-every 50 --heldout-every 25 \
         --heldout-seqs 24 --eval-anchors 8 --seed 0 --threads 1 --out "runs/mix-$arm" >> "runs/mix-$arm.log" 2>&1 &
     done
@@ -45,7 +49,7 @@ case "${1:-}" in
   eval)
     for data in regen text label; do
       python scripts/feature_ablation.py --data "data/smollm2-$data" --modes true \
-        --drafters drafters/smollm2-135m-dflash-b16 runs/mix-regen/best runs/mix-text/best \
+        --drafters "$SHIPPED3/smollm2-135m-dflash-b16" runs/mix-regen/best runs/mix-text/best \
         --out "results/data-mix/heldout-$data.json"
     done
     ;;
@@ -62,7 +66,7 @@ case "${1:-}" in
     for refiner in none xpress; do
       [[ -d "runs/mix-regen2-$refiner/final" ]] && continue
       hf-xpress train --data data/smollm2-regen --feature-cache "$FEATURES/smollm2-regen-L1-14-27" --refiner "$refiner" \
-        --init-drafter "drafters/smollm2-135m-${SHIPPED[$refiner]}-b16" --train-vocab 8192 --anchors-per-seq 16 \
+        --init-drafter "$SHIPPED3/smollm2-135m-${SHIPPED[$refiner]}-b16" --train-vocab 8192 --anchors-per-seq 16 \
         --batch-size 4 --lr 6e-4 --max-steps "$STEPS" --mixed-precision bf16 --eval-every 100 --save-every 50 \
         --heldout-every 25 --heldout-seqs 24 --eval-anchors 8 --seed 0 --threads 1 --out "runs/mix-regen2-$refiner" \
         >> "runs/mix-regen2-$refiner.log" 2>&1 &
@@ -73,7 +77,7 @@ case "${1:-}" in
     # The continued runs and, as baselines, the shipped folders, each at its own inference settings (the runs inherit
     # the shipped folders'); results already present are kept.
     declare -A DRAFTERS=([regen2-none]=runs/mix-regen2-none/best [regen2-xpress]=runs/mix-regen2-xpress/best
-                         [shipped-dflash]=drafters/smollm2-135m-dflash-b16 [shipped-xpress]=drafters/smollm2-135m-xpress-b16)
+                         [shipped-dflash]=$SHIPPED3/smollm2-135m-dflash-b16 [shipped-xpress]=$SHIPPED3/smollm2-135m-xpress-b16)
     for name in "${!DRAFTERS[@]}"; do
       [[ -f "results/data-mix/tau-$name.json" ]] && continue
       python -m hf_xpress.training tau --drafter "${DRAFTERS[$name]}" \

@@ -37,24 +37,19 @@ wait_quiet() {
   echo "the load average stayed at $(cut -d' ' -f1 /proc/loadavg): timings will carry the report's warning"
 }
 
-# speed OUT: (OUT$SUFFIX: SUFFIX=-xeon keeps another host's run apart) the shipped settings only (2 drafts per round), greedy, with and without the confidence threshold.
-speed() {
+# shipped_bench OUT DRAFTER-ARGS... BENCH-ARGS...: the shipped settings only (2 drafts per round, shortlist 64, xPress
+# K = 2 with early stop), page cache dropped and the machine quiet first; results in OUT$SUFFIX (SUFFIX=-xeon keeps
+# another host's run apart).
+shipped_bench() {
   local out=$1${SUFFIX:-}; shift
   drop_caches
   wait_quiet
-  hf-xpress bench "$@" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 0 \
-    --passes 2 --early-stop on --shortlist 64 --drafts 2 --confidence 0,0.2 --no-native-dflash \
-    --dtype bfloat16 --threads 2 --out "$out"
+  hf-xpress bench "$@" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --passes 2 --early-stop on \
+    --shortlist 64 --drafts 2 --no-native-dflash --dtype bfloat16 --threads 2 --out "$out"
 }
-
-# t1 OUT: the same at T = 1 (no threshold).
-t1() {
-  local out=$1${SUFFIX:-}; shift
-  drop_caches
-  wait_quiet
-  hf-xpress bench "$@" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --temperature 1 \
-    --passes 2 --early-stop on --shortlist 64 --drafts 2 --no-native-dflash --dtype bfloat16 --threads 2 --out "$out"
-}
+# speed OUT DRAFTER-ARGS...: greedy, with and without the confidence threshold. t1: the same at T = 1 (no threshold).
+speed() { shipped_bench "$@" --temperature 0 --confidence 0,0.2; }
+t1() { shipped_bench "$@" --temperature 1; }
 
 case "${1:-all}" in
   block|all)

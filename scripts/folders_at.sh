@@ -10,3 +10,5 @@ folders_at() {
 }
 # The third training run's shipped folders (the last commit with them): where the sweep and the fourth run start.
 THIRD_RUN=8fcbcce
+# The fourth run's (shipped at this commit): where the fifth run starts.
+FOURTH_RUN=98625d6

@@ -12,6 +12,7 @@
 #   bash scripts/results_smollm2.sh run3-speed  # the shipped settings only (2 drafts), for speed, caches dropped first
 #   bash scripts/results_smollm2.sh run4-speed  # the same for the fourth run's drafters (shipped in the eighth session)
 #   bash scripts/results_smollm2.sh run4-t1     # ... and at T = 1
+#   bash scripts/results_smollm2.sh run4-speed2 # run4-speed again after draft_logits reads the head as one matmul (tenth session)
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -87,6 +88,9 @@ case "${1:-all}" in
     ;;
   run4-speed)
     speed results/smollm2-bf16-run4-speed "${D[@]}"
+    ;;
+  run4-speed2)
+    speed results/smollm2-bf16-run4-speed2 "${D[@]}"
     ;;
   draft-vocab)
     # The third run's drafters with their training vocabulary (8,192 tokens) as draft vocabulary, against the whole

@@ -17,6 +17,10 @@
 #   bash scripts/train_smollm2.sh tau4      # the fourth run's tau (and the shipped Markov drafter's) at shipped settings
 #   bash scripts/train_smollm2.sh ship4     # ship the fourth run's drafters
 #   bash scripts/train_smollm2.sh functions # fifth run's data: HumanEval-shaped stdlib function tasks (resumable)
+#   bash scripts/train_smollm2.sh mix5      # fifth run's data: the fourth run's mix + the function tasks (relabelled)
+#   bash scripts/train_smollm2.sh continue5 # fifth run: each shipped (fourth-run) drafter continues on it
+#   bash scripts/train_smollm2.sh tau5      # the fifth run's tau on 24 prompts per set, at the shipped settings
+#   bash scripts/train_smollm2.sh ship5     # ship the fifth run's drafters
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +30,7 @@ CACHE=${HF_XPRESS_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-label-L1-14-
 LAYER_IDS=1,14,27
 MIX_CACHE=${HF_XPRESS_MIX_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-mix-L1-14-27}
 REGEN_CACHE=${HF_XPRESS_REGEN_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-regen-L1-14-27}
+MIX5_CACHE=${HF_XPRESS_MIX5_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-mix5-L1-14-27}
 
 # Same drafter, data and budget for the three runs; only --refiner differs.
 COMMON=(--target "$TARGET" --data "$DATA" --feature-cache "$CACHE"
@@ -209,6 +214,37 @@ PY
     # (labelled). Resumable: regeneration keeps finished batches, labelling its prefix (MAX_SECONDS stops it).
     hf-xpress data --target "$TARGET" --source regen-pyfunc,pyfunc --num-functions 1121 --seed 3 --dtype bfloat16 \
       --max-new-tokens 256 --batch-size 16 --out data/smollm2-pyfunc --threads 2 ${MAX_SECONDS:+--max-seconds $MAX_SECONDS}
+    ;;
+  mix5)
+    # Fifth run's data: the fourth run's mix (its committed labels kept) + every sequence of data/smollm2-pyfunc
+    # (relabelled by the same bf16 forward that fills the feature cache). The held-out split (every 25th sequence, the
+    # first 48 used) lies inside the mix's prefix, so held-out figures compare with the fourth run's.
+    if [[ ! -f data/smollm2-mix5/manifest.json ]]; then
+      mkdir -p data/smollm2-mix5
+      cp data/smollm2-mix/*.npy data/smollm2-mix/manifest.json data/smollm2-mix5/
+    fi
+    hf-xpress data --target "$TARGET" --extend --source dataset:data/smollm2-pyfunc --seed 4 --dtype bfloat16 \
+      --out data/smollm2-mix5 --layer-ids "$LAYER_IDS" --feature-cache "$MIX5_CACHE" --threads 2
+    ;;
+  continue5)
+    # Fifth run: each shipped drafter (fourth run) continues on mix5, the same budget for all three (as continue4).
+    SHIPPED4=$(folders_at "$FOURTH_RUN")
+    declare -A SHIPPED=([none]=dflash [markov]=markov [xpress]=xpress)
+    for refiner in ${REFINERS:-none markov xpress}; do
+      [[ -d "runs/smollm2-$refiner-5/final" ]] && continue
+      hf-xpress train "${COMMON[@]}" --data data/smollm2-mix5 --feature-cache "$MIX5_CACHE" --refiner "$refiner" \
+        --init-drafter "$SHIPPED4/smollm2-135m-${SHIPPED[$refiner]}-b16" --lr 6e-4 --max-steps "${CONTINUE_STEPS:-1200}" \
+        --eval-every 200 --heldout-seqs 48 --eval-anchors 24 ${MAX_SECONDS:+--max-seconds $MAX_SECONDS} \
+        --out "runs/smollm2-$refiner-5" >> "runs/smollm2-$refiner-5.log" 2>&1 &
+    done
+    wait
+    ;;
+  tau5)
+    # As tau4: 24 prompts per set, greedy fp32, the drafters' shipped settings (the reference is committed).
+    measure -5 24 "$REF24"
+    ;;
+  ship5)
+    ship -5
     ;;
   lora)
     # Part 5: attach xPress to the trained dFlash drafter (LoRA r=16 on its layers and fc, refiner trained fully).

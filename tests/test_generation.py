@@ -164,6 +164,26 @@ def test_a_draft_vocabulary_stays_lossless_and_drafts_only_its_tokens(target, re
         assert drafts and all(t % 3 == 0 for t in drafts), drafts
 
 
+
+@pytest.mark.parametrize("draft_vocab", [None, torch.arange(0, 128, 3)])
+def test_draft_logits_of_a_block_slice_read_the_head_as_one_matmul(target, draft_vocab):
+    """The candidate generator passes `hidden[:, 1:1+n]`, a slice with a batch stride that keeps `linear` from
+    folding it: torch then expands the head's weight into a batched matmul and copies all of it every round
+    (on a CPU 10-20x the product itself). `draft_logits` must read the head with a plain 2-D matmul."""
+    from torch.profiler import ProfilerActivity, profile
+
+    drafter = tiny_drafter(target, "xpress")
+    drafter.set_draft_vocab(draft_vocab)
+    block = torch.randn(1, 16, 64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        logits = drafter.draft_logits(block[:, 1:3], target.lm_head)
+    ops = {event.key for event in prof.key_averages()}
+    assert "aten::bmm" not in ops, sorted(ops)
+    assert logits.shape == (1, 2, 128)
+    reference = target.lm_head(block[:, 1:3].contiguous().view(2, 64)).view(1, 2, 128)
+    kept = slice(None) if draft_vocab is None else draft_vocab
+    torch.testing.assert_close(logits[..., kept], reference[..., kept])
+
 def test_draft_vocabulary_is_saved_checked_and_removable(target, tmp_path):
     from transformers import AutoModel
 

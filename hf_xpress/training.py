@@ -1648,11 +1648,18 @@ SOURCE_DESCRIPTIONS = {
 
 
 def describe_sources(record: dict) -> str:
-    """What a dataset manifest's (or extension's) `sources` hold, in words, with the ShareGPT / stdlib ranges used."""
+    """What a dataset manifest's (or extension's) `sources` hold, in words, with the ShareGPT / stdlib ranges used.
+    A `dataset:PATH` source is described by that folder's own manifest where it is present."""
     parts = []
     for spec in record["sources"].split(","):
         kind, _, arg = spec.partition(":")
         text = SOURCE_DESCRIPTIONS.get(kind, kind) + (f" (`{arg}`)" if arg else "")
+        inner = Path(arg) / "manifest.json" if kind == "dataset" and arg else None
+        if inner is not None and inner.is_file():
+            manifest = json.loads(inner.read_text())
+            described = [describe_sources(r) for r in [manifest, *manifest.get("extensions", [])]]
+            parts.append(f"the sequences of `{arg}`: {'; '.join(described)}")
+            continue
         if kind.endswith("sharegpt"):
             text += f" (conversations {record.get('skip_prompts') or 0}+, up to {record.get('num_prompts')})"
         elif kind.endswith("stdlib"):

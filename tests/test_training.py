@@ -530,7 +530,7 @@ def test_stdlib_functions_are_humaneval_shaped_tasks_answered_by_their_source():
         assert '"""' in head or "\'\'\'" in head  # the docstring is part of the task
 
 
-def test_dataset_sources_are_described_with_their_ranges():
+def test_dataset_sources_are_described_with_their_ranges(tmp_path):
     record = {"sources": "regen-sharegpt,regen-stdlib,dataset:data/x", "skip_prompts": 5140, "num_prompts": 1000,
               "num_code": 400}
     assert T.describe_sources(record) == (
@@ -539,6 +539,13 @@ def test_dataset_sources_are_described_with_their_ranges():
         "the sequences of another dataset folder (`data/x`)")
     assert T.describe_sources({"sources": "stdlib", "num_code": 800}) == (
         "Python standard-library source shown as code blocks (up to 800 chunks)")
+    # A dataset folder that is present is described by its own manifest.
+    (tmp_path / "fn").mkdir()
+    (tmp_path / "fn" / "manifest.json").write_text(json.dumps({"sources": "stdlib", "num_code": 7, "extensions": [
+        {"sources": "sharegpt", "skip_prompts": 0, "num_prompts": 3}]}))
+    assert T.describe_sources({"sources": f"dataset:{tmp_path / 'fn'}"}) == (
+        f"the sequences of `{tmp_path / 'fn'}`: Python standard-library source shown as code blocks (up to 7 chunks); "
+        "ShareGPT first exchanges with their existing responses (conversations 0+, up to 3)")
 
 
 def test_saved_drafters_draft_among_the_training_vocabulary_and_ship_can_change_it(tmp_path):

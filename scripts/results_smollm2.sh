@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the committed SmolLM2-135M-Instruct benchmark results: run on a quiet machine. `drafts`, `run3*` and
-# `draft-vocab` measure the third run's folders (from git history), `run4*` the fourth run's (drafters/ now); `block`,
+# `draft-vocab` measure the third run's folders, `run4*` the fourth run's (both from git history), `run5*` the fifth
+# run's (drafters/ now); `block`,
 # `bf16` and `fp32` measure drafters/ as it is (their committed results came from the folders shipped at the time:
 # `folders_at COMMIT` in scripts/folders_at.sh extracts those).
 #
@@ -13,6 +14,8 @@
 #   bash scripts/results_smollm2.sh run4-speed  # the same for the fourth run's drafters (shipped in the eighth session)
 #   bash scripts/results_smollm2.sh run4-t1     # ... and at T = 1
 #   bash scripts/results_smollm2.sh run4-speed2 # run4-speed again after draft_logits reads the head as one matmul (tenth session)
+#   bash scripts/results_smollm2.sh run5-speed  # the fifth run's drafters (shipped in the tenth session), greedy
+#   bash scripts/results_smollm2.sh run5-t1     # ... and at T = 1
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -25,6 +28,9 @@ source scripts/folders_at.sh
 export D3_DIR=$(folders_at "$THIRD_RUN")
 D3=(--drafter "$D3_DIR/smollm2-135m-dflash-b16" --drafter "$D3_DIR/smollm2-135m-markov-b16"
     --drafter "$D3_DIR/smollm2-135m-xpress-b16")
+D4_DIR=$(folders_at "$FOURTH_RUN")
+D4=(--drafter "$D4_DIR/smollm2-135m-dflash-b16" --drafter "$D4_DIR/smollm2-135m-markov-b16"
+    --drafter "$D4_DIR/smollm2-135m-xpress-b16")
 # Timing is only readable with little page cache held (docs/benchmarks.md): drop it first where allowed.
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "could not drop the page cache (not root)"; }
 # Waits (up to 15 minutes) for the 1-minute load average to fall below 0.25: it lags, so a bench started right after
@@ -84,13 +90,19 @@ case "${1:-all}" in
     speed results/smollm2-bf16-run3-speed "${D3[@]}"
     ;;&
   run4-t1)
-    t1 results/smollm2-bf16-run4-t1 "${D[@]}"
+    t1 results/smollm2-bf16-run4-t1 "${D4[@]}"
     ;;
   run4-speed)
-    speed results/smollm2-bf16-run4-speed "${D[@]}"
+    speed results/smollm2-bf16-run4-speed "${D4[@]}"
     ;;
   run4-speed2)
-    speed results/smollm2-bf16-run4-speed2 "${D[@]}"
+    speed results/smollm2-bf16-run4-speed2 "${D4[@]}"
+    ;;
+  run5-t1)
+    t1 results/smollm2-bf16-run5-t1 "${D[@]}"
+    ;;
+  run5-speed)
+    speed results/smollm2-bf16-run5-speed "${D[@]}"
     ;;
   draft-vocab)
     # The third run's drafters with their training vocabulary (8,192 tokens) as draft vocabulary, against the whole

@@ -76,6 +76,23 @@ ship() {
   for d in drafters/*/; do cp hf_xpress/configuration_xpress.py hf_xpress/modeling_xpress.py "$d"; done
 }
 
+# continue_shipped SUFFIX DATA CACHE SHIPPED_DIR: each of SHIPPED_DIR's three folders continues for CONTINUE_STEPS steps
+# (default 1,200; lr 6e-4, new cosine schedule) on DATA into runs/smollm2-{none,markov,xpress}SUFFIX, the same budget
+# for all three, side by side. Held-out: 48 sequences x 24 anchors (1,152 blocks: slot-1 accuracy +-0.013; 192 blocks
+# gave +-0.03). Run again to resume: finished runs are skipped, the others continue from their checkpoint.
+continue_shipped() {
+  local suffix=$1 data=$2 cache=$3 shipped=$4 refiner
+  declare -A names=([none]=dflash [markov]=markov [xpress]=xpress)
+  for refiner in ${REFINERS:-none markov xpress}; do
+    [[ -d "runs/smollm2-$refiner$suffix/final" ]] && continue
+    hf-xpress train "${COMMON[@]}" --data "$data" --feature-cache "$cache" --refiner "$refiner" \
+      --init-drafter "$shipped/smollm2-135m-${names[$refiner]}-b16" --lr 6e-4 --max-steps "${CONTINUE_STEPS:-1200}" \
+      --eval-every 200 --heldout-seqs 48 --eval-anchors 24 ${MAX_SECONDS:+--max-seconds $MAX_SECONDS} \
+      --out "runs/smollm2-$refiner$suffix" >> "runs/smollm2-$refiner$suffix.log" 2>&1 &
+  done
+  wait
+}
+
 case "${1:-all}" in
   data|all)
     # ShareGPT first exchanges (their existing responses) + stdlib source as code blocks, shuffled (seed 0),
@@ -182,17 +199,8 @@ PY
       --out data/smollm2-mix --layer-ids "$LAYER_IDS" --feature-cache "$MIX_CACHE" --threads 2
     ;;
   continue4)
-    # Fourth run: each shipped drafter (third run) continues on the mix, the same budget for all three. The held-out
-    # estimate uses 48 sequences x 24 anchors (1,152 blocks: slot-1 accuracy +-0.013; 192 blocks gave +-0.03).
-    declare -A SHIPPED=([none]=dflash [markov]=markov [xpress]=xpress)
-    for refiner in ${REFINERS:-none markov xpress}; do
-      [[ -d "runs/smollm2-$refiner-4/final" ]] && continue
-      hf-xpress train "${COMMON[@]}" --data data/smollm2-mix --feature-cache "$MIX_CACHE" --refiner "$refiner" \
-        --init-drafter "$SHIPPED3/smollm2-135m-${SHIPPED[$refiner]}-b16" --lr 6e-4 --max-steps "${CONTINUE_STEPS:-1200}" \
-        --eval-every 200 --heldout-seqs 48 --eval-anchors 24 ${MAX_SECONDS:+--max-seconds $MAX_SECONDS} \
-        --out "runs/smollm2-$refiner-4" >> "runs/smollm2-$refiner-4.log" 2>&1 &
-    done
-    wait
+    # Fourth run: each shipped drafter (third run) continues on the mix.
+    continue_shipped -4 data/smollm2-mix "$MIX_CACHE" "$SHIPPED3"
     ;;
   tau4)
     # The fourth run's drafters on 24 prompts per set (their first 6 compare with the shipped drafters, measured at
@@ -227,17 +235,8 @@ PY
       --out data/smollm2-mix5 --layer-ids "$LAYER_IDS" --feature-cache "$MIX5_CACHE" --threads 2
     ;;
   continue5)
-    # Fifth run: each shipped drafter (fourth run) continues on mix5, the same budget for all three (as continue4).
-    SHIPPED4=$(folders_at "$FOURTH_RUN")
-    declare -A SHIPPED=([none]=dflash [markov]=markov [xpress]=xpress)
-    for refiner in ${REFINERS:-none markov xpress}; do
-      [[ -d "runs/smollm2-$refiner-5/final" ]] && continue
-      hf-xpress train "${COMMON[@]}" --data data/smollm2-mix5 --feature-cache "$MIX5_CACHE" --refiner "$refiner" \
-        --init-drafter "$SHIPPED4/smollm2-135m-${SHIPPED[$refiner]}-b16" --lr 6e-4 --max-steps "${CONTINUE_STEPS:-1200}" \
-        --eval-every 200 --heldout-seqs 48 --eval-anchors 24 ${MAX_SECONDS:+--max-seconds $MAX_SECONDS} \
-        --out "runs/smollm2-$refiner-5" >> "runs/smollm2-$refiner-5.log" 2>&1 &
-    done
-    wait
+    # Fifth run: each shipped drafter (fourth run) continues on mix5.
+    continue_shipped -5 data/smollm2-mix5 "$MIX5_CACHE" "$(folders_at "$FOURTH_RUN")"
     ;;
   tau5)
     # As tau4: 24 prompts per set, greedy fp32, the drafters' shipped settings (the reference is committed).

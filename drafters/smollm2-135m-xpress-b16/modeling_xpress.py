@@ -530,10 +530,15 @@ class XPressDrafterModel(XPressPreTrainedModel):
     def draft_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Base logits `s_k` through the target's lm_head, float32, in the head's device and dtype: hidden `[N, S, H]`
         -> `[N, S, V]`. With a draft vocabulary only its rows of the head are read (gathered once per head weight);
-        every other token gets -inf."""
-        hidden = hidden.to(lm_head.weight.device, lm_head.weight.dtype)
+        every other token gets -inf.
+
+        The head reads `[N*S, H]` rows: a `[1, S, H]` slice of a longer block (the candidate generator's) has a
+        batch stride that keeps `linear` from folding it into one matmul, and torch then copies the whole weight
+        into a batched matmul on every call (on a CPU, 10-20x the product itself)."""
+        lead = hidden.shape[:-1]
+        hidden = hidden.to(lm_head.weight.device, lm_head.weight.dtype).reshape(-1, hidden.shape[-1])
         if self.draft_vocab is None:
-            return lm_head(hidden).float()
+            return lm_head(hidden).float().view(*lead, -1)
         weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
         key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, self.draft_vocab.data_ptr())
         if self._draft_rows is None or self._draft_rows[0] != key:
@@ -548,9 +553,9 @@ class XPressDrafterModel(XPressPreTrainedModel):
                 rows = (weight[ids].detach(), None if bias is None else bias[ids].detach())
             self._draft_rows = (key, ids, rows)
         _, ids, (w, b) = self._draft_rows
-        out = torch.full((*hidden.shape[:-1], weight.shape[0]), float("-inf"), device=hidden.device)
-        out[..., ids] = F.linear(hidden, w, b).float()
-        return out
+        out = torch.full((hidden.shape[0], weight.shape[0]), float("-inf"), device=hidden.device)
+        out[:, ids] = F.linear(hidden, w, b).float()
+        return out.view(*lead, -1)
 
     def enable_fast_refine(self, mode: str | None = "reduce-overhead", backend: str = "inductor") -> None:
         """Run xPress refinement through `XPressRefiner.refine_fixed` compiled with `torch.compile(fullgraph=True)`.

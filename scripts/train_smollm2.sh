@@ -45,20 +45,21 @@ REF24=results/training/greedy-reference-24.json
 source scripts/folders_at.sh
 SHIPPED3=$(folders_at "$THIRD_RUN")
 
-# measure SUFFIX [LIMIT REFERENCE]: tau of runs/smollm2-{none,markov,xpress}SUFFIX/best, in parallel, on the first
-# LIMIT prompts of each set (default 6).
+# measure SUFFIX [LIMIT REFERENCE CHECKPOINT]: tau of runs/smollm2-{none,markov,xpress}SUFFIX/CHECKPOINT (default
+# best), in parallel, on the first LIMIT prompts of each set (default 6).
 measure() {
-  local suffix=$1 limit=${2:-6} ref=${3:-$REF} refiner
+  local suffix=$1 limit=${2:-6} ref=${3:-$REF} checkpoint=${4:-best} refiner
   for refiner in none markov xpress; do
-    python -m hf_xpress.training tau --drafter "runs/smollm2-$refiner$suffix/best" --reference "$ref" \
+    python -m hf_xpress.training tau --drafter "runs/smollm2-$refiner$suffix/$checkpoint" --reference "$ref" \
       --sets humaneval,mtbench,math500 --limit "$limit" --threads 1 --out "results/training/tau-$refiner$suffix.json" &
   done
   wait
 }
 
-# ship SUFFIX: the runs' folders in drafters/, with model cards comparing the three (measured by `measure SUFFIX`).
+# ship SUFFIX [CHECKPOINT]: the runs' folders (best or final checkpoint, default best) in drafters/, with model cards
+# comparing the three (measured by `measure SUFFIX`).
 ship() {
-  local suffix=$1
+  local suffix=$1 checkpoint=${2:-best}
   local taus=(--tau "dFlash=results/training/tau-none$suffix.json" --tau "+ Markov=results/training/tau-markov$suffix.json"
               --tau "+ xPress=results/training/tau-xpress$suffix.json")
   # From the third run on, the folders carry the inference settings measured best on this CPU
@@ -70,9 +71,9 @@ ship() {
     xpress=(--set num_assistant_tokens=2 --set refiner_shortlist=64 --set jacobi_passes=2
             --set assistant_confidence_threshold=0.2)
   fi
-  python -m hf_xpress.training ship --run "runs/smollm2-none$suffix" --out drafters/smollm2-135m-dflash-b16 "${taus[@]}" ${dflash[@]+"${dflash[@]}"}
-  python -m hf_xpress.training ship --run "runs/smollm2-markov$suffix" --out drafters/smollm2-135m-markov-b16 "${taus[@]}" ${markov[@]+"${markov[@]}"}
-  python -m hf_xpress.training ship --run "runs/smollm2-xpress$suffix" --out drafters/smollm2-135m-xpress-b16 "${taus[@]}" ${xpress[@]+"${xpress[@]}"}
+  python -m hf_xpress.training ship --run "runs/smollm2-none$suffix" --checkpoint "$checkpoint" --out drafters/smollm2-135m-dflash-b16 "${taus[@]}" ${dflash[@]+"${dflash[@]}"}
+  python -m hf_xpress.training ship --run "runs/smollm2-markov$suffix" --checkpoint "$checkpoint" --out drafters/smollm2-135m-markov-b16 "${taus[@]}" ${markov[@]+"${markov[@]}"}
+  python -m hf_xpress.training ship --run "runs/smollm2-xpress$suffix" --checkpoint "$checkpoint" --out drafters/smollm2-135m-xpress-b16 "${taus[@]}" ${xpress[@]+"${xpress[@]}"}
   for d in drafters/*/; do cp hf_xpress/configuration_xpress.py hf_xpress/modeling_xpress.py "$d"; done
 }
 
@@ -239,11 +240,13 @@ PY
     continue_shipped -5 data/smollm2-mix5 "$MIX5_CACHE" "$(folders_at "$FOURTH_RUN")"
     ;;
   tau5)
-    # As tau4: 24 prompts per set, greedy fp32, the drafters' shipped settings (the reference is committed).
-    measure -5 24 "$REF24"
+    # As tau4: 24 prompts per set, greedy fp32, the drafters' shipped settings (the reference is committed), but of the
+    # runs' final weights: the held-out set (every 25th sequence, the first 48) lies in the fourth run's mix, so it
+    # cannot see what the function tasks teach, and "best" by it could be step 0, the fourth run's weights.
+    measure -5 24 "$REF24" final
     ;;
   ship5)
-    ship -5
+    ship -5 final
     ;;
   lora)
     # Part 5: attach xPress to the trained dFlash drafter (LoRA r=16 on its layers and fc, refiner trained fully).

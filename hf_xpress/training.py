@@ -36,6 +36,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import sys
 import time
@@ -1527,13 +1528,15 @@ def _warm_start_line(cfg: dict, state: dict, earlier: list[dict] | None = None) 
     if not init:
         return ""
     earlier = earlier_runs(init) if earlier is None else earlier
+    shipped = re.fullmatch(r"(?:.*/)?runs/drafters-([0-9a-f]{7,40})/([^/]+)/?", init)  # scripts/folders_at.sh's layout
+    origin = f"`drafters/{shipped[2]}` as committed at {shipped[1]}" if shipped else f"`{init}`"
     if not earlier:
-        return f"- **Warm start**: this run started from `{init}`.\n"
+        return f"- **Warm start**: this run started from {origin}.\n"
     runs = earlier + [dict(state, lr=cfg["lr"])]
     parts = [f"{r['step']} steps, {r['tokens']} tokens, {r['train_seconds'] / 60:.1f} min, lr {r['lr']}" for r in runs]
     first = earlier[0].get("init_drafter")
     return (
-        f"- **Warm start**: this run started from `{init}`; the recorded runs behind it, oldest first, then this one: "
+        f"- **Warm start**: this run started from {origin}; the recorded runs behind it, oldest first, then this one: "
         + "; ".join(parts)
         + f" (total {sum(r['step'] for r in runs)} steps, {sum(r['tokens'] for r in runs)} training tokens, "
         f"{sum(r['train_seconds'] for r in runs) / 60:.1f} minutes"

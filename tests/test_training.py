@@ -464,6 +464,11 @@ def test_warm_start_chain_is_recorded_for_the_model_card(tmp_path):
     assert "2 steps" in line and "3 steps" in line and "1 steps" in line and "total 6 steps" in line
     tokens = sum(r["tokens"] for r in runs) + saved["state"]["tokens"]
     assert f"{tokens} training tokens" in line and "not recorded" not in line
+    # A folder extracted from git history by scripts/folders_at.sh is named by the commit it was shipped at.
+    line = T._warm_start_line(dict(saved["config"], init_drafter="runs/drafters-98625d6/smollm2-135m-xpress-b16"),
+                              saved["state"], runs)
+    assert line.startswith("- **Warm start**: this run started from `drafters/smollm2-135m-xpress-b16` as committed at "
+                           "98625d6; the recorded runs")
 
 
 def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):

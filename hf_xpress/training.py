@@ -1656,13 +1656,13 @@ def describe_sources(record: dict) -> str:
     parts = []
     for spec in record["sources"].split(","):
         kind, _, arg = spec.partition(":")
-        text = SOURCE_DESCRIPTIONS.get(kind, kind) + (f" (`{arg}`)" if arg else "")
         inner = Path(arg) / "manifest.json" if kind == "dataset" and arg else None
         if inner is not None and inner.is_file():
             manifest = json.loads(inner.read_text())
             described = [describe_sources(r) for r in [manifest, *manifest.get("extensions", [])]]
             parts.append(f"the sequences of `{arg}`: {'; '.join(described)}")
             continue
+        text = SOURCE_DESCRIPTIONS.get(kind, kind) + (f" (`{arg}`)" if arg else "")
         if kind.endswith("sharegpt"):
             text += f" (conversations {record.get('skip_prompts') or 0}+, up to {record.get('num_prompts')})"
         elif kind.endswith("stdlib"):

@@ -14,31 +14,25 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
+from hf_xpress.training import Dataset, training_split
 
 
-def seen_labels(data: str, num_sequences: int, heldout_every: int = 25) -> set[int]:
-    labels = np.load(f"{data}/labels.npy")
-    offsets = np.load(f"{data}/offsets.npy")
-    prompt_lens = np.load(f"{data}/prompt_lens.npy")
+def seen_labels(ds: Dataset, num_sequences: int, heldout_every: int = 25) -> set[int]:
+    """The labels at response positions of the training split of the first `num_sequences` sequences."""
+    _, train_ids, _ = training_split(ds.num_labelled, num_sequences, heldout_every)
     seen: set[int] = set()
-    for i in range(num_sequences):
-        if i % heldout_every:
-            seen.update(labels[offsets[i] + prompt_lens[i] - 1 : offsets[i + 1] - 1].tolist())
+    for i in train_ids:
+        seen.update(ds.labels[ds.offsets[i] + ds.prompt_lens[i] - 1 : ds.offsets[i + 1] - 1].tolist())
     return seen
 
 
-def text_agreement(data: str, indices: range | list[int]) -> tuple[int, int]:
+def text_agreement(ds: Dataset, indices: range | list[int]) -> tuple[int, int]:
     """(positions where the response token equals the label of the position before it, response positions), over the
     sequences `indices`."""
-    tokens = np.load(f"{data}/tokens.npy")
-    labels = np.load(f"{data}/labels.npy")
-    offsets = np.load(f"{data}/offsets.npy")
-    prompt_lens = np.load(f"{data}/prompt_lens.npy")
     agree = total = 0
     for i in indices:
-        a, b, p = offsets[i], offsets[i + 1], prompt_lens[i]
-        agree += int((tokens[a + p : b] == labels[a + p - 1 : b - 1]).sum())
+        a, b, p = ds.offsets[i], ds.offsets[i + 1], ds.prompt_lens[i]
+        agree += int((ds.tokens[a + p : b] == ds.labels[a + p - 1 : b - 1]).sum())
         total += int(b - a - p)
     return agree, total
 
@@ -49,10 +43,10 @@ def main() -> None:
     parser.add_argument("--reference", default="results/training/greedy-reference.json")
     args = parser.parse_args()
     reference = json.loads(open(args.reference).read())
-    manifest = json.loads(open(f"{args.data}/manifest.json").read())
-    labelled = manifest["num_labelled"]
+    ds = Dataset.load(args.data)
+    labelled = ds.num_labelled
     for n in sorted({min(512, labelled), min(1836, labelled), labelled}):  # first run, second run, all
-        seen = seen_labels(args.data, n)
+        seen = seen_labels(ds, n)
         shares = []
         for name, outputs in reference.items():
             tokens = [t for out in outputs.values() for t in out]
@@ -60,13 +54,13 @@ def main() -> None:
         print(f"{n} sequences ({len(seen)} distinct labels): " + ", ".join(shares))
     for lo, hi in ((0, min(1836, labelled)), (1836, labelled)):
         if hi > lo:
-            agree, total = text_agreement(args.data, range(lo, hi))
+            agree, total = text_agreement(ds, range(lo, hi))
             print(f"sequences {lo}-{hi - 1}: text == target argmax at {agree / total:.1%} of {total} response positions")
-    names = manifest.get("ids", [])[:labelled]
+    names = ds.manifest.get("ids", [])[:labelled]
     for kind, regenerated in (("regenerated", True), ("existing text", False)):
         picked = [i for i, name in enumerate(names) if name.startswith("regen:") == regenerated]
         if picked:
-            agree, total = text_agreement(args.data, picked)
+            agree, total = text_agreement(ds, picked)
             print(f"{kind} ({len(picked)} sequences): text == target argmax at {agree / total:.1%} of {total} "
                   "response positions")
 

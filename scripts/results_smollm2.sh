@@ -21,16 +21,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-D=(--drafter drafters/smollm2-135m-dflash-b16 --drafter drafters/smollm2-135m-markov-b16
-   --drafter drafters/smollm2-135m-xpress-b16)
-# The run3* stages measure the third run's folders (drafters/ holds the fourth run's since the eighth session).
 source scripts/folders_at.sh
+# drafter_args ARRAY DIR: ARRAY=(--drafter DIR/smollm2-135m-{dflash,markov,xpress}-b16)
+drafter_args() {
+  local -n args=$1
+  local name
+  args=()
+  for name in dflash markov xpress; do args+=(--drafter "$2/smollm2-135m-$name-b16"); done
+}
+drafter_args D drafters
+# The run3* / run4* stages measure earlier runs' folders, from git history (drafters/ holds the fifth run's).
 export D3_DIR=$(folders_at "$THIRD_RUN")
-D3=(--drafter "$D3_DIR/smollm2-135m-dflash-b16" --drafter "$D3_DIR/smollm2-135m-markov-b16"
-    --drafter "$D3_DIR/smollm2-135m-xpress-b16")
-D4_DIR=$(folders_at "$FOURTH_RUN")
-D4=(--drafter "$D4_DIR/smollm2-135m-dflash-b16" --drafter "$D4_DIR/smollm2-135m-markov-b16"
-    --drafter "$D4_DIR/smollm2-135m-xpress-b16")
+drafter_args D3 "$D3_DIR"
+drafter_args D4 "$(folders_at "$FOURTH_RUN")"
 # Timing is only readable with little page cache held (docs/benchmarks.md): drop it first where allowed.
 drop_caches() { sync; echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || echo "could not drop the page cache (not root)"; }
 # Waits (up to 15 minutes) for the 1-minute load average to fall below 0.25: it lags, so a bench started right after

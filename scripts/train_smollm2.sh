@@ -44,6 +44,8 @@ REF24=results/training/greedy-reference-24.json
 # The third run's shipped folders, where the sweep and the fourth run start (drafters/ now holds the fourth run's).
 source scripts/folders_at.sh
 SHIPPED3=$(folders_at "$THIRD_RUN")
+# Each run's refiner and the folder it ships to: runs/smollm2-REFINER* -> drafters/smollm2-135m-FOLDER-b16.
+declare -A FOLDER=([none]=dflash [markov]=markov [xpress]=xpress)
 
 # measure SUFFIX [LIMIT REFERENCE CHECKPOINT]: tau of runs/smollm2-{none,markov,xpress}SUFFIX/CHECKPOINT (default
 # best), in parallel, on the first LIMIT prompts of each set (default 6).
@@ -59,21 +61,24 @@ measure() {
 # ship SUFFIX [CHECKPOINT]: the runs' folders (best or final checkpoint, default best) in drafters/, with model cards
 # comparing the three (measured by `measure SUFFIX`).
 ship() {
-  local suffix=$1 checkpoint=${2:-best}
+  local suffix=$1 checkpoint=${2:-best} refiner
   local taus=(--tau "dFlash=results/training/tau-none$suffix.json" --tau "+ Markov=results/training/tau-markov$suffix.json"
               --tau "+ xPress=results/training/tau-xpress$suffix.json")
   # From the third run on, the folders carry the inference settings measured best on this CPU
   # (results/smollm2-bf16-drafts: 2 drafts per round; shortlist 64; xPress K = 2 with early stop, threshold 0.2).
-  local dflash=() markov=() xpress=()
+  local none=() markov=() xpress=()  # per refiner
   if [[ $suffix != "" && $suffix != "-2" ]]; then
-    dflash=(--set num_assistant_tokens=2)
+    none=(--set num_assistant_tokens=2)
     markov=(--set num_assistant_tokens=2 --set refiner_shortlist=64)
     xpress=(--set num_assistant_tokens=2 --set refiner_shortlist=64 --set jacobi_passes=2
             --set assistant_confidence_threshold=0.2)
   fi
-  python -m hf_xpress.training ship --run "runs/smollm2-none$suffix" --checkpoint "$checkpoint" --out drafters/smollm2-135m-dflash-b16 "${taus[@]}" ${dflash[@]+"${dflash[@]}"}
-  python -m hf_xpress.training ship --run "runs/smollm2-markov$suffix" --checkpoint "$checkpoint" --out drafters/smollm2-135m-markov-b16 "${taus[@]}" ${markov[@]+"${markov[@]}"}
-  python -m hf_xpress.training ship --run "runs/smollm2-xpress$suffix" --checkpoint "$checkpoint" --out drafters/smollm2-135m-xpress-b16 "${taus[@]}" ${xpress[@]+"${xpress[@]}"}
+  for refiner in none markov xpress; do
+    local -n settings=$refiner
+    python -m hf_xpress.training ship --run "runs/smollm2-$refiner$suffix" --checkpoint "$checkpoint" \
+      --out "drafters/smollm2-135m-${FOLDER[$refiner]}-b16" "${taus[@]}" ${settings[@]+"${settings[@]}"}
+    unset -n settings
+  done
   for d in drafters/*/; do cp hf_xpress/configuration_xpress.py hf_xpress/modeling_xpress.py "$d"; done
 }
 
@@ -83,11 +88,10 @@ ship() {
 # gave +-0.03). Run again to resume: finished runs are skipped, the others continue from their checkpoint.
 continue_shipped() {
   local suffix=$1 data=$2 cache=$3 shipped=$4 refiner
-  declare -A names=([none]=dflash [markov]=markov [xpress]=xpress)
   for refiner in ${REFINERS:-none markov xpress}; do
     [[ -d "runs/smollm2-$refiner$suffix/final" ]] && continue
     hf-xpress train "${COMMON[@]}" --data "$data" --feature-cache "$cache" --refiner "$refiner" \
-      --init-drafter "$shipped/smollm2-135m-${names[$refiner]}-b16" --lr 6e-4 --max-steps "${CONTINUE_STEPS:-1200}" \
+      --init-drafter "$shipped/smollm2-135m-${FOLDER[$refiner]}-b16" --lr 6e-4 --max-steps "${CONTINUE_STEPS:-1200}" \
       --eval-every 200 --heldout-seqs 48 --eval-anchors 24 ${MAX_SECONDS:+--max-seconds $MAX_SECONDS} \
       --out "runs/smollm2-$refiner$suffix" >> "runs/smollm2-$refiner$suffix.log" 2>&1 &
   done
@@ -142,11 +146,10 @@ case "${1:-all}" in
   continue3)
     # Third run: each shipped drafter (second run) continues on the extended data, the same budget for all three.
     mkdir -p runs
-    declare -A SHIPPED=([none]=dflash [markov]=markov [xpress]=xpress)
     # Run again to resume: finished runs are skipped, the others continue from their checkpoint (logs appended).
     for refiner in ${REFINERS:-none markov xpress}; do
       [[ -d "runs/smollm2-$refiner-3/final" ]] && continue
-      hf-xpress train "${COMMON[@]}" --refiner "$refiner" --init-drafter "drafters/smollm2-135m-${SHIPPED[$refiner]}-b16" \
+      hf-xpress train "${COMMON[@]}" --refiner "$refiner" --init-drafter "drafters/smollm2-135m-${FOLDER[$refiner]}-b16" \
         --lr 6e-4 --max-steps "${CONTINUE_STEPS:-1000}" ${MAX_SECONDS:+--max-seconds $MAX_SECONDS} \
         --out "runs/smollm2-$refiner-3" >> "runs/smollm2-$refiner-3.log" 2>&1 &
     done

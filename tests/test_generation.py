@@ -164,7 +164,6 @@ def test_a_draft_vocabulary_stays_lossless_and_drafts_only_its_tokens(target, re
         assert drafts and all(t % 3 == 0 for t in drafts), drafts
 
 
-
 @pytest.mark.parametrize("draft_vocab", [None, torch.arange(0, 128, 3)])
 def test_draft_logits_of_a_block_slice_read_the_head_as_one_matmul(target, draft_vocab):
     """The candidate generator passes `hidden[:, 1:1+n]`, a slice with a batch stride that keeps `linear` from
@@ -183,6 +182,7 @@ def test_draft_logits_of_a_block_slice_read_the_head_as_one_matmul(target, draft
     reference = target.lm_head(block[:, 1:3].contiguous().view(2, 64)).view(1, 2, 128)
     kept = slice(None) if draft_vocab is None else draft_vocab
     torch.testing.assert_close(logits[..., kept], reference[..., kept])
+
 
 def test_draft_vocabulary_is_saved_checked_and_removable(target, tmp_path):
     from transformers import AutoModel

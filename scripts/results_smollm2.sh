@@ -16,6 +16,7 @@
 #   bash scripts/results_smollm2.sh run4-speed2 # run4-speed again after draft_logits reads the head as one matmul (tenth session)
 #   bash scripts/results_smollm2.sh run5-speed  # the fifth run's drafters (shipped in the tenth session), greedy
 #   bash scripts/results_smollm2.sh run5-t1     # ... and at T = 1
+#   bash scripts/results_smollm2.sh block5 [OUT-SUFFIX]  # per-block latency of the fifth-run xPress folder, shortlist 64
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -106,6 +107,11 @@ case "${1:-all}" in
     ;;
   run5-speed)
     speed results/smollm2-bf16-run5-speed "${D[@]}"
+    ;;
+  block5)
+    # Tenth session: run twice, the second time as `block5 b` (results/block-smollm2-bf16-sl64-run5b).
+    hf-xpress bench --block-only --drafter drafters/smollm2-135m-xpress-b16 --dtype bfloat16 --threads 2 \
+      --block-repeats 100 --shortlist 64 --block-compiled --out "results/block-smollm2-bf16-sl64-run5${2:-}" --no-progress
     ;;
   draft-vocab)
     # The third run's drafters with their training vocabulary (8,192 tokens) as draft vocabulary, against the whole

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from .configuration_xpress import INFERENCE_SETTINGS
 
@@ -1086,12 +1087,13 @@ def block_latency(
         holder["hidden"] = o.last_hidden_state
         return o
 
-    def head():
-        holder["logits"] = drafter.draft_logits(holder["hidden"][:, 1:], lm_head)
+    def head():  # as generation without logits processors: the draft vocabulary's columns only
+        holder["logits"], holder["vocab_ids"] = drafter.draft_scores(holder["hidden"][:, 1:], lm_head)
 
     t_forward = _median_time(draft_forward, device, repeats, warmup)
     t_head = _median_time(head, device, repeats, warmup)
-    hidden, base_logits = holder["hidden"], holder["logits"]
+    hidden, base_logits, vocab_ids = holder["hidden"], holder["logits"], holder["vocab_ids"]
+    draft_vocab = base_logits.shape[-1]
     lead = ids[:, context_length - 2 : context_length]
 
     original = drafter.refiner
@@ -1105,17 +1107,20 @@ def block_latency(
         drafter.refiner = xpress
         for k in sorted(set([0, *passes])):
             refine[k] = _median_time(
-                lambda k=k: drafter.propose(hidden, base_logits, lead, passes=k, early_stop=False),
+                lambda k=k: drafter.propose(hidden, base_logits, lead, passes=k, early_stop=False, vocab_ids=vocab_ids),
                 device, repeats, warmup,
             )
         hp = xpress.hidden_part(hidden)
         x = torch.randn(1, B - 1, xpress.rank, device=device, dtype=dtype)
+        # the read-out rows a whole-vocabulary pass (no shortlist) reads: the draft vocabulary's
+        read = xpress.w2.weight if vocab_ids is None else xpress.w2.weight[vocab_ids]
+        markov_read = markov.w2.weight if vocab_ids is None else markov.w2.weight[vocab_ids]
         t_hidden_part = _median_time(lambda: xpress.hidden_part(hidden), device, repeats, warmup)
-        t_w2 = _median_time(lambda: xpress.w2(x), device, repeats, warmup)
+        t_w2 = _median_time(lambda: F.linear(x, read), device, repeats, warmup)
         prev = torch.cat([lead, ids[:, context_length : context_length + B - 2]], dim=1)
-        t_delta = _median_time(lambda: xpress.delta(hp, prev), device, repeats, warmup)
+        t_delta = _median_time(lambda: xpress.delta(hp, prev, read=read), device, repeats, warmup)
         t_argmax = _median_time(lambda: (base_logits + 0.0).argmax(dim=-1), device, repeats, warmup)
-        t_markov_step = _median_time(lambda: markov(lead[:, 1:]), device, repeats, warmup)
+        t_markov_step = _median_time(lambda: markov(lead[:, 1:], markov_read), device, repeats, warmup)
         refine_compiled: dict[int, float] = {}
         mode = "reduce-overhead" if device.type == "cuda" else None
         if compiled:
@@ -1123,17 +1128,20 @@ def block_latency(
             drafter.enable_fast_refine(mode=mode)
             try:
                 for k in sorted(set(passes) - {0}):
-                    call = lambda k=k: drafter.propose(hidden, base_logits, lead, passes=k, early_stop=False)  # noqa: E731
+                    call = lambda k=k: drafter.propose(  # noqa: E731
+                        hidden, base_logits, lead, passes=k, early_stop=False, vocab_ids=vocab_ids
+                    )
                     call()  # compiles for this K
                     refine_compiled[k] = _median_time(call, device, repeats, warmup)
             finally:
                 drafter._fast_refine = previous
         drafter.refiner = markov
-        t_markov = _median_time(lambda: drafter.propose(hidden, base_logits, lead), device, repeats, warmup)
+        t_markov = _median_time(lambda: drafter.propose(hidden, base_logits, lead, vocab_ids=vocab_ids), device, repeats,
+                                warmup)
         t_markov_compiled = None
         if compiled:  # the fair comparison: the Markov head's propose compiled the same way
             def markov_block(h, b, lead_tokens):
-                proposal = drafter.propose(h, b, lead_tokens)
+                proposal = drafter.propose(h, b, lead_tokens, vocab_ids=vocab_ids)
                 return proposal.tokens, proposal.scores
 
             markov_compiled = torch.compile(markov_block, fullgraph=True, mode=mode)
@@ -1163,6 +1171,7 @@ def block_latency(
             "drafter_hidden": cfg.hidden_size,
             "drafter_layers": cfg.num_hidden_layers,
             "vocab": vocab,
+            "draft_vocab": draft_vocab,  # V': the columns drafted on (the draft vocabulary; V without one)
             "refiner_rank": cfg.refiner_rank,
         },
         "drafter_forward_ms": t_forward * ms,
@@ -1183,9 +1192,9 @@ def block_latency(
         # weights each step has to read (parameters): what bounds these times when memory-bound
         "weights": {
             "drafter_layers": sum(p.numel() for n, p in drafter.named_parameters() if not n.startswith("refiner.")),
-            "lm_head": lm_head.weight.numel(),
-            "w2_per_pass": xpress.w2.weight.numel(),
-            "markov_w2_per_step": markov.w2.weight.numel(),
+            "lm_head": draft_vocab * lm_head.weight.shape[1],  # the rows the draft reads
+            "w2_per_pass": read.numel(),
+            "markov_w2_per_step": markov_read.numel(),
         },
         "verify_ms": t_verify * ms,
         "decode_step_ms": t_step * ms,
@@ -1217,13 +1226,14 @@ def _dominant(r: dict) -> str:
     if not (per_pass == per_pass):
         return ""
     share = w2 / per_pass if per_pass > 0 else float("nan")
+    vocab = r["sizes"].get("draft_vocab", r["sizes"]["vocab"])  # results written before draft vocabularies: V
     w = r["weights"]
     draft_weights = w["drafter_layers"] + w["lm_head"]
     return (
         f"One Jacobi pass costs {per_pass:.3f} ms: the w2 read (r={r['sizes']['refiner_rank']} x "
-        f"V={r['sizes']['vocab']} over {r['block_size'] - 1} slots) is {w2:.3f} ms ({share:.0%}), "
-        f"the add + argmax over 15 x V logits {r['add_argmax_ms']:.3f} ms. For comparison the target lm_head over "
-        f"the same slots (H={r['sizes']['target_hidden']} x V) costs {head:.3f} ms and the drafter layers "
+        f"V'={vocab} over {r['block_size'] - 1} slots) is {w2:.3f} ms ({share:.0%}), "
+        f"the add + argmax over 15 x V' logits {r['add_argmax_ms']:.3f} ms. For comparison the target lm_head over "
+        f"the same slots (H={r['sizes']['target_hidden']} x V') costs {head:.3f} ms and the drafter layers "
         f"{r['drafter_forward_ms']:.3f} ms; one Markov step (w2 on one row) {r['markov_step_ms']:.3f} ms. "
         f"Weight reads: K=4 passes read "
         f"{4 * w['w2_per_pass'] / 1e6:.1f}M parameters, the draft {draft_weights / 1e6:.1f}M "
@@ -1234,6 +1244,8 @@ def _dominant(r: dict) -> str:
 
 def format_block_table(r: dict) -> str:
     shortlist = f", shortlist {r['refiner_shortlist']}" if r.get("refiner_shortlist") else ""
+    vocab = r["sizes"].get("draft_vocab", r["sizes"]["vocab"])
+    columns = f"V'={vocab}" if vocab != r["sizes"]["vocab"] else f"V={vocab}"
     lines = [
         f"per-block latency, B={r['block_size']}, {r['dtype']} on {r['device']} ({r['threads']} threads), context "
         f"{r['context_length']} (+{r['new_context']} new rows), median of {r['repeats']}, load {r.get('load_average')}",
@@ -1241,7 +1253,7 @@ def format_block_table(r: dict) -> str:
         "| part | ms |",
         "|---|---|",
         f"| drafter forward ({r['sizes']['drafter_layers']} layers) | {r['drafter_forward_ms']:.3f} |",
-        f"| base logits (target lm_head, {r['block_size'] - 1} slots) | {r['lm_head_ms']:.3f} |",
+        f"| base logits (target lm_head, {r['block_size'] - 1} slots x {columns}) | {r['lm_head_ms']:.3f} |",
         f"| **draft = forward + lm_head** | **{r['draft_ms']:.3f}** |",
     ]
     for k, v in sorted(r["refine_ms"].items()):
@@ -1256,8 +1268,8 @@ def format_block_table(r: dict) -> str:
           if "markov_compiled_ms" in r else []),
         f"| refiner hidden part (once per block) | {r['refiner_hidden_part_ms']:.3f} |",
         f"| refiner delta (one pass, no argmax) | {r['refiner_delta_ms']:.3f} |",
-        f"| w2 read r x V ({r['block_size'] - 1} slots) | {r['w2_read_ms']:.3f} |",
-        f"| add + argmax over {r['block_size'] - 1} x V logits | {r['add_argmax_ms']:.3f} |",
+        f"| w2 read r x {columns} ({r['block_size'] - 1} slots) | {r['w2_read_ms']:.3f} |",
+        f"| add + argmax over {r['block_size'] - 1} x {columns} logits | {r['add_argmax_ms']:.3f} |",
         f"| one Markov step (w2(w1[x]), one slot) | {r['markov_step_ms']:.3f} |",
         f"| target verify forward ({r['block_size']} tokens) | {r['verify_ms']:.3f} |",
         f"| target decode step (1 token) | {r['decode_step_ms']:.3f} |",

@@ -165,8 +165,13 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         start = self._clock()
         hidden = self._draft_forward(input_ids, model_outputs)
         lm_head = self.main_model_output_embeddings
-        # Only the slots we submit; in the target head's dtype (a bf16 drafter may serve an fp32 target).
-        base_logits = self.assistant_model.draft_logits(hidden[:, 1 : 1 + num_drafts], lm_head)
+        # Only the slots we submit; in the target head's dtype (a bf16 drafter may serve an fp32 target). Without
+        # logits processors, only the draft vocabulary's columns (the processors need the whole vocabulary).
+        drafts = hidden[:, 1 : 1 + num_drafts]
+        if self.logits_processor:
+            base_logits, vocab_ids = self.assistant_model.draft_logits(drafts, lm_head), None
+        else:
+            base_logits, vocab_ids = self.assistant_model.draft_scores(drafts, lm_head)
         drafted = self._clock()
 
         noise = None
@@ -179,6 +184,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             lead_tokens=input_ids[:, -2:].to(base_logits.device),
             noise=noise,
             logits_hook=self._logits_hook(input_ids) if self.logits_processor else None,
+            vocab_ids=vocab_ids,
         )
         if self.confidence_threshold > 0:
             num_drafts = self._confident_prefix(proposal.token_log_probs())

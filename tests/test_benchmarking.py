@@ -199,6 +199,20 @@ def test_block_latency_also_times_the_compiled_refinement(llama):
     assert "K=4, shortlist 8, compiled" in table and "Both compiled (torch.compile): K=4" in table
 
 
+@pytest.mark.parametrize("shortlist", [None, 8])
+def test_block_latency_drafts_on_the_draft_vocabulary_like_generation(llama, shortlist):
+    """With a draft vocabulary the timed round is generation's: base logits and every pass on its V' columns."""
+    drafter = tiny_drafter(llama, "xpress", refiner_shortlist=shortlist)
+    drafter.set_draft_vocab(torch.arange(0, 128, 4))
+    r = block_latency(llama, drafter, passes=[1, 4], context_length=8, repeats=1, warmup=0, verbose=False,
+                      compiled=True)
+    assert r["sizes"]["vocab"] == 128 and r["sizes"]["draft_vocab"] == 32
+    assert r["weights"]["lm_head"] == 32 * 64 and r["weights"]["w2_per_pass"] == 32 * drafter.config.refiner_rank
+    assert r["refine_compiled_ms"][4] > 0 and r["markov_compiled_ms"] > 0
+    table = format_block_table(r)
+    assert "15 slots x V'=32" in table and "over 15 x V'=32 logits" in table and "V'=32 over 15 slots" in table
+
+
 def test_block_latency_builds_a_random_drafter(llama):
     r = block_latency(llama, None, context_length=8, repeats=1, warmup=0, verbose=False,
                       num_hidden_layers=1, refiner_rank=32, mask_token_id=127)

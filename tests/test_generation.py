@@ -13,7 +13,7 @@ from transformers.generation.streamers import BaseStreamer
 
 from hf_xpress import XPressDrafterModel
 from hf_xpress.generation import XPressCandidateGenerator
-from hf_xpress.modeling_xpress import DraftProposal
+from hf_xpress.modeling_xpress import DraftProposal, _full_vocabulary
 
 from conftest import tiny_drafter, tiny_target
 
@@ -406,14 +406,16 @@ def _bound(dof: int) -> float:
     "processing, shortlist, refiner, threshold, draft_vocab",
     [(dict(top_k=0), None, "xpress", 0.0, None), (dict(temperature=0.7, top_k=3), None, "xpress", 0.0, None),
      (dict(top_k=0), 2, "xpress", 0.0, None), (dict(top_k=0), 2, "markov", 0.0, None),
-     (dict(top_k=0), None, "xpress", 0.5, None), (dict(temperature=0.7, top_k=3), None, "xpress", 0.0, [0, 2])],
+     (dict(top_k=0), None, "xpress", 0.5, None), (dict(temperature=0.7, top_k=3), None, "xpress", 0.0, [0, 2]),
+     (dict(top_k=0), None, "xpress", 0.0, [0, 2]), (dict(top_k=0), None, "markov", 0.0, [0, 2])],
 )
 def test_sampling_keeps_the_target_distribution_and_a_biased_q_is_caught(
     processing, shortlist, refiner, threshold, draft_vocab, monkeypatch
 ):
     """4 new tokens: the first from the prefill, then 2 drafts (slot 2's q depends on slot 1's token through the
     refiner) and a bonus/correction. 1500 samples; the joint of the 4 tokens (256 cells, ~70 with 5+ expected
-    samples) must match the target's exact joint; 500 samples from a sampler with the wrong q fail the same bound.
+    samples) must match the target's exact joint; 500 samples (1000 with a draft vocabulary) from a sampler with the
+    wrong q fail the same bound. Without logits processors a draft vocabulary is drafted on its columns only.
     With a confidence threshold, whether slot 2 is proposed depends on the sampled slot 1: still exact."""
     target, drafter = _peaky_pair(seed=7, refiner=refiner)
     drafter.config.refiner_shortlist = shortlist  # 2 of the 4 tokens: drafts restricted to the drafter's top 2
@@ -434,13 +436,19 @@ def test_sampling_keeps_the_target_distribution_and_a_biased_q_is_caught(
 
     # Power check: the same test rejects a sampler whose q is not the distribution the drafts were drawn from
     original = XPressDrafterModel.propose
+    columns = []  # whether each round drafted on the draft vocabulary's columns only (no logits processor)
 
-    def biased(self, hidden, base_logits, lead_tokens, **kwargs):
-        proposal = original(self, hidden, base_logits, lead_tokens, **kwargs)
-        proposal.logits = base_logits.float()  # claims the unrefined logits as q
+    def biased(self, hidden, base_logits, lead_tokens, vocab_ids=None, **kwargs):
+        proposal = original(self, hidden, base_logits, lead_tokens, vocab_ids=vocab_ids, **kwargs)
+        columns.append(vocab_ids is not None)
+        unrefined = base_logits.float() if vocab_ids is None else _full_vocabulary(base_logits.float(), vocab_ids, V)
+        proposal.logits = unrefined  # claims the unrefined logits as q
         return proposal
 
     monkeypatch.setattr(XPressDrafterModel, "propose", biased)
-    counts = _sample_counts(target, drafter, prompt, 4, 500, **processing)
+    # two draftable tokens leave q less room to be wrong: more samples to see it
+    counts = _sample_counts(target, drafter, prompt, 4, 500 if draft_vocab is None else 1000, **processing)
     stat_biased, dof_biased = _chi2(counts, exact)
     assert stat_biased > _bound(dof_biased), (stat_biased, dof_biased, accepted)
+    processors = "temperature" in processing  # top_k=0 alone adds no logits processor
+    assert set(columns) == {draft_vocab is not None and not processors}

@@ -7,7 +7,7 @@ import torch
 from transformers.cache_utils import DynamicCache
 
 from hf_xpress import XPressDrafterConfig, XPressDrafterModel, default_target_layer_ids
-from hf_xpress.modeling_xpress import XPressMarkovHead, XPressRefiner
+from hf_xpress.modeling_xpress import XPressMarkovHead, XPressRefiner, _full_vocabulary
 
 from conftest import tiny_drafter, tiny_target
 
@@ -263,6 +263,45 @@ def test_fixed_pass_refinement_compiles_without_graph_breaks_and_matches_the_eag
         torch.testing.assert_close(eager.logits, early.logits)
         if shortlist:  # -inf outside each slot's shortlist, and the drafts inside it
             assert int(torch.isfinite(fast.logits).sum(-1).max()) == shortlist
+
+
+@pytest.mark.parametrize("refiner", ["xpress", "markov", None])
+@pytest.mark.parametrize("shortlist", [None, 4])
+@pytest.mark.parametrize("sample", [False, True])
+def test_proposals_on_the_draft_vocabulary_equal_those_on_the_whole_vocabulary(refiner, shortlist, sample):
+    """Generation passes only the draft vocabulary's columns (`draft_scores`, `vocab_ids`): same tokens, same logits
+    (-inf for every other token) and same log-probabilities as whole-vocabulary logits (`draft_logits`), on every
+    path: seed, fixed and early-stopped Jacobi passes, the Markov head, shortlists, sampling, the compiled loop."""
+    torch.manual_seed(5)
+    drafter = tiny_drafter(tiny_target("llama"), refiner, refiner_shortlist=shortlist)
+    for weight in [] if refiner is None else drafter.refiner.parameters():  # a bias large enough to move drafts
+        weight.data.normal_(0, 0.5)
+    ids = torch.arange(1, 128, 3)
+    hidden, lead = torch.randn(1, B, 64), torch.randint(0, 128, (1, 2))
+    scores = torch.randn(1, B - 1, len(ids)) * 2
+    whole = _full_vocabulary(scores, ids, 128)
+    noise = -torch.log(-torch.log(torch.rand(1, B - 1, 128))) if sample else None
+    compact_noise = None if noise is None else noise[..., ids]
+    runs = [(0, False, False), (3, False, False), (15, True, False)]
+    if refiner == "xpress":
+        runs.append((4, False, True))
+    for passes, early_stop, compiled in runs:
+        if compiled:
+            drafter.enable_fast_refine(mode=None, backend="aot_eager")
+        try:
+            a = drafter.propose(hidden, whole, lead, passes=passes, early_stop=early_stop, noise=noise)
+            b = drafter.propose(hidden, scores, lead, passes=passes, early_stop=early_stop, noise=compact_noise,
+                                vocab_ids=ids)
+        finally:
+            drafter.disable_fast_refine()
+        assert torch.equal(a.tokens, b.tokens) and a.passes == b.passes, (passes, early_stop, compiled)
+        assert set(b.tokens.flatten().tolist()) <= set(ids.tolist())
+        torch.testing.assert_close(b.token_log_probs(), a.token_log_probs())
+        torch.testing.assert_close(b.logits, a.logits, rtol=1e-5, atol=1e-5)  # logits reach ~1e6 here
+    if refiner is not None:  # the refiner really moved the drafts off the seed
+        assert not torch.equal(b.tokens, ids[(scores + (0 if noise is None else compact_noise)).argmax(-1)])
+    with pytest.raises(ValueError, match="logits processors need whole-vocabulary base logits"):
+        drafter.propose(hidden, scores, lead, vocab_ids=ids, logits_hook=lambda s, start, cond: s)
 
 
 def test_fast_refine_with_inductor_on_cpu():

@@ -286,15 +286,17 @@ class XPressRefiner(nn.Module):
 
     def delta(
         self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, start: int = 1, mixer: torch.Tensor | None = None,
-        tables: RefinerTables | None = None,
+        tables: RefinerTables | None = None, read: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Logit bias for slots `start..B-1`.
 
         hidden_part: `[N, B, r]` from `hidden_part()`; prev_tokens: `[N, B]`, the token before each slot
-        (slot 0: the token before the anchor). Returns `[N, B - start, V]` (the model's dtype).
+        (slot 0: the token before the anchor). read: rows of `w2.weight` `[V', r]` (the draft vocabulary's), None: all.
+        Returns `[N, B - start, V']` (the model's dtype).
         """
         x = self.features(hidden_part, prev_tokens, start, mixer, tables)
-        return self.w2(x.to(self.w2.weight.dtype))
+        weight = self.w2.weight if read is None else read
+        return F.linear(x.to(weight.dtype), weight)
 
     def features(
         self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, start: int = 1, mixer: torch.Tensor | None = None,
@@ -350,25 +352,30 @@ class XPressRefiner(nn.Module):
         passes: int,
         candidates: torch.LongTensor | None = None,
         tables: RefinerTables | None = None,
+        vocab_ids: torch.LongTensor | None = None,
+        read: torch.Tensor | None = None,
     ) -> tuple[torch.LongTensor, torch.Tensor]:
         """Exactly `passes` Jacobi passes with static shapes, no host syncs and no data-dependent control flow, so
         the whole loop can be compiled (`torch.compile`) and captured in a CUDA graph (`mode="reduce-overhead"`).
 
-        hidden_part `[N, B, r]` (from `hidden_part(hidden, tables)` when `tables` is given), base_logits `[N, B-1, V]`
-        float32, lead_tokens `[N, 2]`, noise `[N, B-1, V]` (None for greedy); candidates `[N, B-1, M]`: score only
-        this shortlist (`refiner_shortlist`); tables: `self.tables()`. Returns tokens `[N, B-1]` and their scores:
-        logits `[N, B-1, V]`, or `[N, B-1, M]` for the candidates.
+        hidden_part `[N, B, r]` (from `hidden_part(hidden, tables)` when `tables` is given), base_logits `[N, B-1, V']`
+        float32 over the token ids `vocab_ids` `[V']` (None: the whole vocabulary), lead_tokens `[N, 2]`, noise
+        `[N, B-1, V']` (None for greedy); candidates `[N, B-1, M]`: score only these columns of `base_logits`
+        (`refiner_shortlist`); tables: `self.tables()`; read: `w2.weight[vocab_ids]` (for the whole-`V'` read-out).
+        Returns token ids `[N, B-1]` and their scores: logits `[N, B-1, V']`, or `[N, B-1, M]` for the candidates.
         """
         mixer = self.mix.folded() if tables is None else None
         if candidates is None:
             logits = base_logits
-            tokens = _noisy(logits, noise).argmax(dim=-1)
+            tokens = _token_ids(_noisy(logits, noise).argmax(dim=-1), vocab_ids)
             for _ in range(passes):
                 prev = torch.cat([lead_tokens, tokens[:, :-1]], dim=1)
-                logits = base_logits + self.delta(hidden_part, prev, 1, mixer, tables).float()
-                tokens = _noisy(logits, noise).argmax(dim=-1)
+                logits = base_logits + self.delta(hidden_part, prev, 1, mixer, tables, read).float()
+                tokens = _token_ids(_noisy(logits, noise).argmax(dim=-1), vocab_ids)
             return tokens, logits
-        base, cand_noise, rows = _gather_shortlist(base_logits, noise, candidates, self.w2.weight)
+        ids = _token_ids(candidates, vocab_ids)
+        base, cand_noise, rows = _gather_shortlist(base_logits, noise, candidates, ids, self.w2.weight)
+        candidates = ids
         rows = rows if tables is None else rows.float()
         scores = base
         tokens = _pick_among(candidates, _noisy(scores, cand_noise))
@@ -387,9 +394,10 @@ class XPressMarkovHead(nn.Module):
         self.w1 = nn.Embedding(config.vocab_size, config.refiner_rank)
         self.w2 = nn.Linear(config.refiner_rank, config.vocab_size, bias=False)
 
-    def forward(self, prev_tokens: torch.LongTensor) -> torch.Tensor:
-        """prev_tokens: `[N, n]` -> bias `[N, n, V]` for the slots that follow them."""
-        return self.w2(self.w1(prev_tokens))
+    def forward(self, prev_tokens: torch.LongTensor, read: torch.Tensor | None = None) -> torch.Tensor:
+        """prev_tokens: `[N, n]` -> bias `[N, n, V']` for the slots that follow them. read: rows of `w2.weight`
+        `[V', r]` (the draft vocabulary's); None: all, V' = V."""
+        return F.linear(self.w1(prev_tokens), self.w2.weight if read is None else read)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -406,9 +414,10 @@ where `cond[:, :j]` are the draft tokens slot `j+1` was conditioned on (None: co
 class DraftProposal:
     """What `XPressDrafterModel.propose` returns: S draft tokens and the float32 logits they are (Gumbel-)argmaxes of.
 
-    A shortlisted refinement (`refiner_shortlist`) scores only M candidates per slot; it keeps those scores and
-    builds the full logits (-inf outside the shortlist) when `logits` is first read. On a CPU that `[1, S, V]` buffer
-    costs more than the whole shortlisted refinement, and greedy verification never reads it.
+    A shortlisted refinement (`refiner_shortlist`) scores only M candidates per slot, and a drafter with a draft
+    vocabulary only its V' tokens; the proposal keeps those scores and builds the full logits (-inf for every other
+    token) when `logits` is first read. On a CPU that `[1, S, V]` buffer costs more than the whole shortlisted
+    refinement, and greedy verification never reads it.
     """
 
     tokens: torch.LongTensor  # [1, S] draft tokens
@@ -503,7 +512,8 @@ class XPressDrafterModel(XPressPreTrainedModel):
         # The token ids this drafter drafts among (`config.draft_vocab_size`), saved with the weights; -1 until set.
         size = config.draft_vocab_size
         self.register_buffer("draft_vocab", None if size is None else torch.full((size,), -1, dtype=torch.long))
-        self._draft_rows = None  # (key, ids, (lm_head rows, bias rows)) of draft_vocab, see draft_logits()
+        self._draft_rows = None  # (key, ids, (lm_head rows, bias rows)) of draft_vocab, see draft_scores()
+        self._read_rows = None  # (key, refiner w2 rows) of the draft vocabulary, see _refiner_read()
         self.stats = None  # set by the candidate generator at each generate() call
         self._fast_refine = None  # set by enable_fast_refine()
         self.post_init()
@@ -512,7 +522,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
         """Draft among `token_ids` only (see `XPressDrafterConfig.draft_vocab_size`); None: the whole vocabulary.
 
         Stored in `draft_vocab` (sorted) and `config.draft_vocab_size`, so `save_pretrained` keeps both."""
-        self._draft_rows = None
+        self._draft_rows = self._read_rows = None
         if token_ids is None:
             self.config.draft_vocab_size = None
             self.draft_vocab = None
@@ -527,35 +537,57 @@ class XPressDrafterModel(XPressPreTrainedModel):
         self.config.draft_vocab_size = unique.numel()
         self.draft_vocab = unique.to(self.device)
 
-    def draft_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        """Base logits `s_k` through the target's lm_head, float32, in the head's device and dtype: hidden `[N, S, H]`
-        -> `[N, S, V]`. With a draft vocabulary only its rows of the head are read (gathered once per head weight);
-        every other token gets -inf.
+    def draft_scores(self, hidden: torch.Tensor, lm_head: nn.Module) -> tuple[torch.Tensor, torch.LongTensor | None]:
+        """Base logits `s_k` of the draft vocabulary only, through the target's lm_head, float32, in the head's device
+        and dtype: hidden `[N, S, H]` -> (`[N, S, V']`, the token ids of the columns `[V']`). Without a draft
+        vocabulary: (`[N, S, V]`, None). `propose(..., vocab_ids=ids)` takes them as they are, so no step of a round
+        spends time on the tokens a draft can never be (`draft_logits` is the full-vocabulary form).
 
-        The head reads `[N*S, H]` rows: a `[1, S, H]` slice of a longer block (the candidate generator's) has a
-        batch stride that keeps `linear` from folding it into one matmul, and torch then copies the whole weight
-        into a batched matmul on every call (on a CPU, 10-20x the product itself)."""
+        Only the draft vocabulary's rows of the head are read (gathered once per head weight). The head reads
+        `[N*S, H]` rows: a `[1, S, H]` slice of a longer block (the candidate generator's) has a batch stride that
+        keeps `linear` from folding it into one matmul, and torch then copies the whole weight into a batched matmul
+        on every call (on a CPU, 10-20x the product itself)."""
         lead = hidden.shape[:-1]
         hidden = hidden.to(lm_head.weight.device, lm_head.weight.dtype).reshape(-1, hidden.shape[-1])
         if self.draft_vocab is None:
-            return lm_head(hidden).float().view(*lead, -1)
+            return lm_head(hidden).float().view(*lead, -1), None
         weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
         key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, self.draft_vocab.data_ptr())
         if self._draft_rows is None or self._draft_rows[0] != key:
-            if bool((self.draft_vocab < 0).any()):
-                raise ValueError(
-                    f"This drafter's config sets draft_vocab_size={self.config.draft_vocab_size} but its checkpoint has "
-                    "no `draft_vocab` ids (a truncated or hand-edited checkpoint?). Call set_draft_vocab(ids), or "
-                    "set_draft_vocab(None) to draft over the whole vocabulary."
-                )
-            ids = self.draft_vocab.to(weight.device)
+            ids = self._checked_draft_vocab().to(weight.device)
             with torch.no_grad():
                 rows = (weight[ids].detach(), None if bias is None else bias[ids].detach())
             self._draft_rows = (key, ids, rows)
         _, ids, (w, b) = self._draft_rows
-        out = torch.full((hidden.shape[0], weight.shape[0]), float("-inf"), device=hidden.device)
-        out[:, ids] = F.linear(hidden, w, b).float()
-        return out.view(*lead, -1)
+        return F.linear(hidden, w, b).float().view(*lead, -1), ids
+
+    def draft_logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """`draft_scores` over the whole vocabulary: hidden `[N, S, H]` -> `[N, S, V]` float32, -inf for every token
+        outside the draft vocabulary (what logits processors and full-vocabulary callers need)."""
+        scores, ids = self.draft_scores(hidden, lm_head)
+        return scores if ids is None else _full_vocabulary(scores, ids, lm_head.weight.shape[0])
+
+    def _checked_draft_vocab(self) -> torch.LongTensor:
+        if bool((self.draft_vocab < 0).any()):
+            raise ValueError(
+                f"This drafter's config sets draft_vocab_size={self.config.draft_vocab_size} but its checkpoint has "
+                "no `draft_vocab` ids (a truncated or hand-edited checkpoint?). Call set_draft_vocab(ids), or "
+                "set_draft_vocab(None) to draft over the whole vocabulary."
+            )
+        return self.draft_vocab
+
+    def _refiner_read(self, vocab_ids: torch.LongTensor | None) -> torch.Tensor | None:
+        """The refiner's read-out rows `w2.weight[vocab_ids]` `[V', r]` (gathered once per weight and id set), for a
+        whole-`V'` read-out; None for the whole vocabulary."""
+        if vocab_ids is None:
+            return None
+        weight = self.refiner.w2.weight
+        if torch.compiler.is_compiling():  # a compiled caller (torch.compile of propose) gathers inside its graph
+            return weight[vocab_ids]
+        key = (weight.data_ptr(), weight._version, weight.dtype, vocab_ids.data_ptr(), vocab_ids.shape[0])
+        if self._read_rows is None or self._read_rows[0] != key:
+            self._read_rows = (key, weight.detach()[vocab_ids])
+        return self._read_rows[1]
 
     def enable_fast_refine(self, mode: str | None = "reduce-overhead", backend: str = "inductor") -> None:
         """Run xPress refinement through `XPressRefiner.refine_fixed` compiled with `torch.compile(fullgraph=True)`.
@@ -711,13 +743,16 @@ class XPressDrafterModel(XPressPreTrainedModel):
         early_stop: bool | None = None,
         noise: torch.Tensor | None = None,
         logits_hook: LogitsHook | None = None,
+        vocab_ids: torch.LongTensor | None = None,
     ) -> DraftProposal:
         """Draft tokens for one block.
 
-        hidden: `[1, B, H]` drafter output; base_logits: `[1, S, V]` float32 logits `s_k` of slots 1..S (S <= B-1:
-        the refiner is causal, so the first S slots of a shorter proposal equal those of the full block's);
-        lead_tokens: `[1, 2]` the token before the anchor, then the anchor. `noise` (`[1, B-1, V]` Gumbel noise,
-        drawn once per block) turns every argmax into a sample; `logits_hook` applies logits processors.
+        hidden: `[1, B, H]` drafter output; base_logits: `[1, S, V']` float32 logits `s_k` of slots 1..S (S <= B-1:
+        the refiner is causal, so the first S slots of a shorter proposal equal those of the full block's) over the
+        token ids `vocab_ids` `[V']` (`draft_scores`' output: the draft vocabulary), or over the whole vocabulary
+        (`vocab_ids` None, `draft_logits`' output); lead_tokens: `[1, 2]` the token before the anchor, then the anchor.
+        `noise` (`[1, S, V']` Gumbel noise, drawn once per block) turns every argmax into a sample; `logits_hook`
+        applies logits processors (whole-vocabulary logits only).
 
         xPress: seed with the drafter's (Gumbel-)argmax, then `passes` Jacobi passes updating every slot at once from
         the previous pass's tokens. Slots whose inputs are final are locked (pass p skips the first p-1 slots; with
@@ -727,45 +762,54 @@ class XPressDrafterModel(XPressPreTrainedModel):
         """
         passes = self.config.jacobi_passes if passes is None else passes
         early_stop = self.config.jacobi_early_stop if early_stop is None else early_stop
+        if vocab_ids is not None and logits_hook is not None:
+            raise ValueError("propose: logits processors need whole-vocabulary base logits (draft_logits), not vocab_ids.")
         hook = logits_hook or (lambda scores, start, cond: scores)
 
-        def pick(scores: torch.Tensor, start: int) -> torch.LongTensor:
-            return _noisy(scores, noise, start).argmax(dim=-1)
+        def pick(scores: torch.Tensor, start: int) -> torch.LongTensor:  # token ids
+            return _token_ids(_noisy(scores, noise, start).argmax(dim=-1), vocab_ids)
 
         base_logits = base_logits.float()  # no copy when already float32; never written to
         shortlist = self.config.refiner_shortlist if logits_hook is None else None
         if isinstance(self.refiner, XPressMarkovHead):
             if shortlist is not None:
-                return self._propose_markov_shortlist(base_logits, lead_tokens[:, 1:], shortlist, noise)
-            return self._propose_markov(base_logits, lead_tokens[:, 1:], pick, hook)
+                return self._propose_markov_shortlist(base_logits, lead_tokens[:, 1:], shortlist, noise, vocab_ids)
+            return self._propose_markov(base_logits, lead_tokens[:, 1:], pick, hook, vocab_ids)
 
         logits = hook(base_logits, 0, None)
         if not isinstance(self.refiner, XPressRefiner) or passes == 0:
-            return DraftProposal(pick(logits, 0), logits, 0)
+            return self._proposal(pick(logits, 0), logits, 0, None, vocab_ids)
 
         tables = self.refiner.tables()
         num_slots = base_logits.shape[1]
         # Once per block: from the whole block (g pools it), then cut to the S slots. float32 (see RefinerTables).
         hidden_part = self.refiner.hidden_part(hidden, tables)[:, : num_slots + 1]
-        # What one pass scores: every token (the paper), or a per-slot shortlist of the drafter's top-M tokens.
-        candidates = None if shortlist is None else top_candidates(logits, min(shortlist, logits.shape[-1]))
+        # What one pass scores: every token (the paper), or a per-slot shortlist of the drafter's top-M tokens
+        # (`columns` of the base logits; `candidates` their token ids).
+        columns = None if shortlist is None else top_candidates(logits, min(shortlist, logits.shape[-1]))
         full_block = num_slots + 1 == hidden.shape[1]
         if not early_stop and self._fast_refine is not None and logits_hook is None and full_block:
-            tokens, scores = self._fast_refine(hidden_part, base_logits, lead_tokens, noise, passes, candidates, tables)
+            read = None if columns is not None else self._refiner_read(vocab_ids)
+            tokens, scores = self._fast_refine(
+                hidden_part, base_logits, lead_tokens, noise, passes, columns, tables, vocab_ids, read
+            )
             # clone: graph outputs are reused buffers
-            return self._proposal(tokens.clone(), scores.clone(), passes, candidates, base_logits)
+            candidates = None if columns is None else _token_ids(columns, vocab_ids)
+            return self._proposal(tokens.clone(), scores.clone(), passes, candidates, vocab_ids)
 
-        if candidates is None:
-            base, choose, seed_scores = base_logits, pick, logits
+        if columns is None:
+            base, choose, seed_scores, candidates = base_logits, pick, logits, None
+            read = self._refiner_read(vocab_ids)
 
             def rescore(prev: torch.LongTensor, start: int) -> torch.Tensor:  # slots start+1.., into `scores`
-                delta = self.refiner.delta(hidden_part, prev, start + 1, None, tables)
-                if logits_hook is None:  # straight into `scores`: no new [S, V] buffer per pass
+                delta = self.refiner.delta(hidden_part, prev, start + 1, None, tables, read)
+                if logits_hook is None:  # straight into `scores`: no new [S, V'] buffer per pass
                     return torch.add(base[:, start:], delta, out=scores[:, start:])
                 scores[:, start:] = hook(base[:, start:] + delta.float(), start, tokens)
                 return scores[:, start:]
         else:
-            base, cand_noise, rows = _gather_shortlist(base_logits, noise, candidates, self.refiner.w2.weight)
+            candidates = _token_ids(columns, vocab_ids)
+            base, cand_noise, rows = _gather_shortlist(base_logits, noise, columns, candidates, self.refiner.w2.weight)
             rows_t = rows.float().transpose(-1, -2).contiguous()  # [1, S, r, M], for the fused read-out
             seed_scores = base
 
@@ -798,43 +842,60 @@ class XPressDrafterModel(XPressPreTrainedModel):
                 break
             else:
                 start += int(changed[0]) + 1
-        return self._proposal(tokens, scores, run, candidates, base_logits)
+        return self._proposal(tokens, scores, run, candidates, vocab_ids)
 
-    @staticmethod
-    def _proposal(tokens, scores, passes: int, candidates, base_logits: torch.Tensor) -> DraftProposal:
-        """A proposal from full logits (`candidates` None) or shortlist scores `[1, S, M]`."""
-        return DraftProposal(tokens, scores, passes, candidates, None if candidates is None else base_logits.shape[-1])
+    def _proposal(self, tokens, scores, passes: int, candidates, vocab_ids) -> DraftProposal:
+        """A proposal from scores over the columns `vocab_ids` (or the whole vocabulary) or over per-slot shortlists
+        `candidates` `[1, S, M]` (token ids)."""
+        if candidates is None and vocab_ids is not None:  # every slot's candidates: the draft vocabulary
+            candidates = vocab_ids.expand(*scores.shape)
+        return DraftProposal(tokens, scores, passes, candidates, None if candidates is None else self.config.vocab_size)
 
-    def _propose_markov_shortlist(self, base_logits, anchor, shortlist: int, noise) -> DraftProposal:
+    def _propose_markov_shortlist(self, base_logits, anchor, shortlist: int, noise, vocab_ids) -> DraftProposal:
         """The Markov head scoring each slot's top-M drafter tokens only (`refiner_shortlist`), left to right."""
-        candidates = top_candidates(base_logits, min(shortlist, base_logits.shape[-1]))  # [1, B-1, M]
-        scores, noise, rows = _gather_shortlist(base_logits, noise, candidates, self.refiner.w2.weight)
+        columns = top_candidates(base_logits, min(shortlist, base_logits.shape[-1]))  # [1, B-1, M]
+        candidates = _token_ids(columns, vocab_ids)
+        scores, noise, rows = _gather_shortlist(base_logits, noise, columns, candidates, self.refiner.w2.weight)
         rows = rows.float()  # float32 like xPress's passes: faster than bfloat16 for these tiny products on a CPU
         tokens = torch.empty(scores.shape[:2], dtype=torch.long, device=scores.device)
         prev = anchor
         for k in range(scores.shape[1]):
             scores[:, k] += (rows[:, k] @ self.refiner.w1(prev)[:, 0, :, None].float())[..., 0]
             tokens[:, k : k + 1] = prev = _pick_among(candidates[:, k : k + 1], _noisy(scores[:, k : k + 1], noise, k))
-        return self._proposal(tokens, scores, base_logits.shape[1], candidates, base_logits)
+        return self._proposal(tokens, scores, base_logits.shape[1], candidates, vocab_ids)
 
-    def _propose_markov(self, base_logits, anchor, pick, hook) -> DraftProposal:
+    def _propose_markov(self, base_logits, anchor, pick, hook, vocab_ids) -> DraftProposal:
         """Left-to-right: slot k's logits are `s_k + w2(w1[token at k-1])`, one serial step per slot."""
+        read = self._refiner_read(vocab_ids)
         logits = torch.empty_like(base_logits)
         tokens = torch.empty(base_logits.shape[:2], dtype=torch.long, device=base_logits.device)
         prev = anchor
         for k in range(base_logits.shape[1]):
-            logits[:, k : k + 1] = hook(base_logits[:, k : k + 1] + self.refiner(prev), k, tokens)
+            logits[:, k : k + 1] = hook(base_logits[:, k : k + 1] + self.refiner(prev, read), k, tokens)
             tokens[:, k : k + 1] = prev = pick(logits[:, k : k + 1], k)
-        return DraftProposal(tokens, logits, base_logits.shape[1])
+        return self._proposal(tokens, logits, base_logits.shape[1], None, vocab_ids)
 
 
 def _gather_shortlist(
-    base_logits: torch.Tensor, noise: torch.Tensor | None, candidates: torch.LongTensor, w2: torch.Tensor
+    base_logits: torch.Tensor, noise: torch.Tensor | None, columns: torch.LongTensor, candidates: torch.LongTensor,
+    w2: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """The shortlist's share of a block: base logits `[N, S, M]`, noise `[N, S, M]` (or None) and the read-out rows
-    `w2[candidates]` `[N, S, M, r]`, gathered once per block for candidate ids `[N, S, M]`."""
-    noise = None if noise is None else noise.gather(-1, candidates)
-    return base_logits.gather(-1, candidates), noise, F.embedding(candidates, w2)  # faster than w2[ids] on a CPU
+    `w2[candidates]` `[N, S, M, r]`, gathered once per block for the shortlist's columns of `base_logits` and their
+    token ids (`[N, S, M]` each; the same tensor when the columns are the whole vocabulary)."""
+    noise = None if noise is None else noise.gather(-1, columns)
+    return base_logits.gather(-1, columns), noise, F.embedding(candidates, w2)  # faster than w2[ids] on a CPU
+
+
+def _full_vocabulary(scores: torch.Tensor, vocab_ids: torch.LongTensor, vocab_size: int) -> torch.Tensor:
+    """Scores `[..., V']` over the token ids `vocab_ids` `[V']` -> `[..., vocab_size]`, -inf for every other token."""
+    full = scores.new_full((*scores.shape[:-1], vocab_size), float("-inf"))
+    return full.index_copy_(-1, vocab_ids, scores)
+
+
+def _token_ids(columns: torch.LongTensor, vocab_ids: torch.LongTensor | None) -> torch.LongTensor:
+    """Token ids of columns of draft scores over `vocab_ids` `[V']` (None: the whole vocabulary, columns are ids)."""
+    return columns if vocab_ids is None else vocab_ids[columns]
 
 
 def _noisy(scores: torch.Tensor, noise: torch.Tensor | None, start: int = 0) -> torch.Tensor:

@@ -126,7 +126,8 @@ class Method:
             out.update(passes=self.passes, early_stop=self.early_stop)
         if self.ours:
             out.update(shortlist=self.shortlist, drafts=self.drafts, confidence=self.confidence,
-                       draft_vocab=self.draft_vocab and getattr(self.model, "draft_vocab", None) is not None)
+                       draft_vocab=self.draft_vocab and getattr(self.model, "draft_vocab", None) is not None,
+                       prompt_lookup=self.generate_kwargs.get("prompt_lookup_num_tokens"))
         if self.model is not None and getattr(self.model, "config", None) is not None:
             cfg = self.model.config
             out["model"] = {
@@ -160,6 +161,7 @@ def build_methods(
     draft_vocabs: Iterable[bool] = (True,),
     prompt_lookup: int | None = PROMPT_LOOKUP_TOKENS,
     native_dflash: bool = True,
+    with_lookup: Iterable[bool] = (False,),
 ) -> list[Method]:
     """The method list: plain, prompt lookup, assisted (if `assistant`), native DFlash, then ours per drafter.
 
@@ -167,7 +169,9 @@ def build_methods(
     there is none, the first drafter's base, labelled so). Names carry the label only when two drafters of the same
     kind are given. Each of our methods runs at every `drafts` (drafts per round) x `confidences` (threshold) setting,
     the Markov head and xPress also at every shortlist; names carry " sl<M>", " n<drafts>", " c<threshold>". A drafter
-    with a stored draft vocabulary also runs without it where `draft_vocabs` holds False (names carry " allV").
+    with a stored draft vocabulary also runs without it where `draft_vocabs` holds False (names carry " allV"). Where
+    `with_lookup` holds True, each of ours also runs with prompt lookup first (`prompt_lookup_num_tokens` =
+    `prompt_lookup`, or the default when prompt lookup alone is off; names carry " +pld").
     """
     passes, early_stop, shortlists = list(passes), list(early_stop), list(shortlists)
 
@@ -175,9 +179,13 @@ def build_methods(
         """`name` at every drafts-per-round x confidence-threshold (x draft-vocabulary on/off) setting."""
         has_vocab = getattr(method["model"], "draft_vocab", None) is not None
         return [
-            Method(name + (f" n{n}" if n else "") + (f" c{c:g}" if c else "") + ("" if dv else " allV"),
-                   drafts=n, confidence=c, draft_vocab=dv, **method)
+            Method(name + (f" n{n}" if n else "") + (f" c{c:g}" if c else "") + ("" if dv else " allV")
+                   + (" +pld" if lookup else ""),
+                   drafts=n, confidence=c, draft_vocab=dv,
+                   generate_kwargs={"prompt_lookup_num_tokens": prompt_lookup or PROMPT_LOOKUP_TOKENS} if lookup else {},
+                   **method)
             for n in drafts for c in confidences for dv in (list(draft_vocabs) if has_vocab else [True])
+            for lookup in with_lookup
         ]
 
     methods = [Method(PLAIN, "plain")]
@@ -374,7 +382,7 @@ def run_once(
     }
     if method.ours and getattr(method.model, "stats", None) is not None:
         stats = method.model.stats.as_dict()
-        result["stats"] = {k: stats[k] for k in ("rounds", "passes", "draft_time", "refine_time", "verify_time")}
+        result["stats"] = {k: stats[k] for k in ("rounds", "passes", "lookup", "draft_time", "refine_time", "verify_time")}
     return result
 
 
@@ -1431,6 +1439,7 @@ def main(args: argparse.Namespace) -> int:
         draft_vocabs=_on_off_list(args.draft_vocab, "--draft-vocab"),
         prompt_lookup=None if args.no_prompt_lookup else args.prompt_lookup_tokens,
         native_dflash=not args.no_native_dflash,
+        with_lookup=_on_off_list(args.with_lookup, "--with-lookup"),
     )
     if args.methods:
         methods = select_methods(methods, args.methods)
@@ -1502,6 +1511,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--methods", help="only these methods (names or kinds: pld, assisted, native-dflash, dflash, "
                    "markov, xpress, 'xpress K=4 es'; a method's exact name wins over a kind); plain always runs")
     p.add_argument("--prompt-lookup-tokens", type=int, default=PROMPT_LOOKUP_TOKENS)
+    p.add_argument("--with-lookup", default="off",
+                   help="our methods with prompt lookup first (drafter rounds only where lookup finds nothing; "
+                   "names end in ' +pld'): off, on or off,on")
     p.add_argument("--no-prompt-lookup", action="store_true")
     p.add_argument("--no-native-dflash", action="store_true")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

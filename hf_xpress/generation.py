@@ -7,6 +7,12 @@ round it ingests the newly verified tokens' target features, runs one drafter fo
 bonus token stay transformers' own `_assisted_decoding`, so greedy output is the target's and sampling keeps the
 target's distribution (draft tokens are exact samples of the returned logits).
 
+With `prompt_lookup_num_tokens` also given to `generate`, a round first tries transformers' own prompt lookup
+(`PromptLookupCandidateGenerator`: the continuation of the last n-gram's earlier occurrence in the sequence) and runs
+the drafter only when nothing is found. Lookup rounds return no logits, so transformers verifies them by matching
+(greedy) or by sampling the target and matching (`do_sample`): exact either way. The drafter's cache catches up on
+the tokens those rounds verified at its next forward.
+
 transformers has no public hook for a third-party candidate generator: `_get_candidate_generator` is a fixed
 if/elif chain. `install()` wraps that one private method, and only for xPress drafters; every other assistant goes
 to the original method untouched. This is the package's only reach into a private transformers API.
@@ -23,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList
 from transformers.cache_utils import DFlashCache
-from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
+from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator, PromptLookupCandidateGenerator
 from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
@@ -59,7 +65,8 @@ class XPressStats:
     proposed: list[int] = field(default_factory=list)  # drafts proposed per round (B-1 except near max_length)
     passes: list[int] = field(default_factory=list)  # refinement passes run per round
     drafts: list[list[int]] = field(default_factory=list)  # the draft tokens proposed in each round
-    draft_time: float = 0.0  # drafter forward + base logits
+    lookup: list[bool] = field(default_factory=list)  # per round: drafted by prompt lookup (no drafter forward)
+    draft_time: float = 0.0  # drafter forward + base logits (+ prompt lookup)
     refine_time: float = 0.0  # seed + Jacobi passes / Markov steps
     verify_time: float = 0.0  # target forward over the candidates + acceptance
 
@@ -86,6 +93,7 @@ class XPressStats:
             "proposed": list(self.proposed),
             "passes": list(self.passes),
             "drafts": [list(d) for d in self.drafts],
+            "lookup": list(self.lookup),
             "slot_acceptance": self.slot_acceptance(),
             "draft_time": self.draft_time,
             "refine_time": self.refine_time,
@@ -119,10 +127,13 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         # the whole context in every layer (a few drafter layers: small), and the drafter's masks apply the window.
         self.cache = DFlashCache()
         self.context_length = 0  # target tokens whose features are in the drafter's cache
+        self.pending: list[torch.Tensor] = []  # features `[1, n, L*H]` of verified tokens not in the cache yet
+        self.pending_length = 0
         self.mask_embeds: torch.Tensor | None = None
         self.stats = XPressStats(block_size=self.block_size)
         assistant_model.stats = self.stats
         self._proposed_this_round = 0
+        self._lookup_this_round = False
         self._verify_start = 0.0
         # Drafts per round and where they end: the drafter's settings, as transformers reads a classic assistant's
         # from `assistant_model.generation_config` (generate() fills the target's with defaults, so a value there
@@ -132,6 +143,19 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         self.confidence_threshold = float(self.config.assistant_confidence_threshold)
         cap = self.config.num_assistant_tokens
         self.num_assistant_tokens = self.block_size - 1 if cap is None else max(1, min(int(cap), self.block_size - 1))
+        self.lookup = None
+        if generation_config.prompt_lookup_num_tokens:
+            if generation_config.assistant_ensemble_weight is not None:
+                raise ValueError("assistant_ensemble_weight needs the drafter's logits; it cannot be combined with "
+                                 "prompt_lookup_num_tokens (lookup drafts have none).")
+            self.lookup = PromptLookupCandidateGenerator(
+                eos_token_id=generation_config._eos_token_tensor,
+                num_output_tokens=generation_config.prompt_lookup_num_tokens,
+                max_matching_ngram_size=generation_config.max_matching_ngram_size or 2,
+                max_length=self.main_model_max_length,
+                logits_processor=logits_processor,
+                vocab_size=target.config.get_text_config().vocab_size,
+            )
 
     def _clock(self) -> float:
         if self.device.type == "cuda":
@@ -163,7 +187,14 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             raise ValueError("xPress drafting needs the target's hidden states from the previous forward.")
 
         start = self._clock()
-        hidden = self._draft_forward(input_ids, model_outputs)
+        self._keep_features(input_ids, model_outputs)
+        if self.lookup is not None:
+            found, _ = self.lookup.get_candidates(input_ids)
+            room = self.main_model_max_length - input_ids.shape[1] - 1  # as for the drafter's drafts
+            num_found = min(found.shape[1] - input_ids.shape[1], room)
+            if num_found > 0:
+                return self._lookup_round(found[:, : input_ids.shape[1] + num_found], num_found, start)
+        hidden = self._draft_forward(input_ids)
         lm_head = self.main_model_output_embeddings
         # Only the slots we submit; in the target head's dtype (a bf16 drafter may serve an fp32 target). Without
         # logits processors, only the draft vocabulary's columns (the processors need the whole vocabulary).
@@ -195,6 +226,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         self.stats.passes.append(proposal.passes)
         self.stats.proposed.append(num_drafts)
         self.stats.drafts.append(proposal.tokens[0, :num_drafts].tolist())
+        self.stats.lookup.append(False)
         self._proposed_this_round = num_drafts
         self._verify_start = end
         candidate_ids = torch.cat([input_ids, proposal.tokens[:, :num_drafts].to(input_ids.device)], dim=1)
@@ -207,12 +239,33 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         low = (log_probs[0] < math.log(self.confidence_threshold)).nonzero()
         return int(low[0]) + 1 if low.numel() else log_probs.shape[1]
 
-    def _draft_forward(self, input_ids: torch.LongTensor, model_outputs) -> torch.Tensor:
-        """Add the new target features to the drafter's cache and run the block. Returns hidden `[1, B, H]`."""
-        num_new = input_ids.shape[1] - 1 - self.context_length  # verified tokens before the anchor, not yet cached
-        features = torch.cat(
+    def _lookup_round(self, candidate_ids: torch.LongTensor, num_drafts: int, start: float):
+        """A round drafted by prompt lookup: no drafter forward, no logits (verified by matching)."""
+        end = self._clock()
+        self.stats.draft_time += end - start
+        self.stats.passes.append(0)
+        self.stats.proposed.append(num_drafts)
+        self.stats.drafts.append(candidate_ids[0, -num_drafts:].tolist())
+        self.stats.lookup.append(True)
+        self._proposed_this_round = num_drafts
+        self._lookup_this_round = True
+        self._verify_start = end
+        return candidate_ids, None
+
+    def _keep_features(self, input_ids: torch.LongTensor, model_outputs) -> None:
+        """Keep the target features of the verified tokens (all but the anchor) that the drafter has not seen: the
+        last target forward's first rows (prompt lookup rounds run no drafter forward, so these can pile up)."""
+        num_new = input_ids.shape[1] - 1 - self.context_length - self.pending_length
+        self.pending.append(torch.cat(
             [model_outputs.hidden_states[i + 1][:, :num_new] for i in self.config.target_layer_ids], dim=-1
-        ).to(self.device)
+        ).to(self.device))
+        self.pending_length += num_new
+
+    def _draft_forward(self, input_ids: torch.LongTensor) -> torch.Tensor:
+        """Add the kept target features to the drafter's cache and run the block. Returns hidden `[1, B, H]`."""
+        features = self.pending[0] if len(self.pending) == 1 else torch.cat(self.pending, dim=1)
+        num_new = self.pending_length  # verified tokens before the anchor, not yet cached
+        self.pending, self.pending_length = [], 0
         if self.mask_embeds is None:
             self.mask_embeds = self._get_noise_embeds(self.noise_ids_mask.to(input_ids.device)).to(self.device)
         anchor = self._get_noise_embeds(input_ids[:, -1:]).to(self.device)
@@ -251,7 +304,8 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         if self._proposed_this_round:
             self.stats.verify_time += self._clock() - self._verify_start
             self.stats.accepted.append(int(num_matches))
-            if self.schedule in ("heuristic", "heuristic_transient"):  # transformers' rule for assisted decoding
+            lookup, self._lookup_this_round = self._lookup_this_round, False
+            if self.schedule in ("heuristic", "heuristic_transient") and not lookup:  # transformers' rule
                 grow = int(num_matches) == self._proposed_this_round
                 cap = self.num_assistant_tokens + 2 if grow else self.num_assistant_tokens - 1
                 self.num_assistant_tokens = max(1, min(cap, self.block_size - 1))

@@ -17,6 +17,7 @@
 #   bash scripts/results_smollm2.sh run5-speed  # the fifth run's drafters (shipped in the tenth session), greedy
 #   bash scripts/results_smollm2.sh run5-t1     # ... and at T = 1
 #   bash scripts/results_smollm2.sh block5 [OUT-SUFFIX]  # per-block latency of the fifth-run xPress folder, shortlist 64
+#   bash scripts/results_smollm2.sh run5-lookup  # run5-speed without the threshold, each of ours also with prompt lookup first
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -107,6 +108,11 @@ case "${1:-all}" in
     ;;
   run5-speed)
     speed results/smollm2-bf16-run5-speed "${D[@]}"
+    ;;
+  run5-lookup)
+    # Eleventh session: ours with and without prompt lookup first (`generate(..., prompt_lookup_num_tokens=10)`:
+    # the drafter runs only where lookup finds no continuation), greedy, no confidence threshold.
+    shipped_bench results/smollm2-bf16-run5-lookup "${D[@]}" --temperature 0 --with-lookup off,on
     ;;
   block5)
     # Tenth session: run twice, the second time as `block5 b` (results/block-smollm2-bf16-sl64-run5b).

@@ -12,8 +12,8 @@ import torch
 
 from hf_xpress import XPressStats
 from hf_xpress.benchmarking import (
-    Method, _drafter_settings, block_latency, build_methods, format_block_table, run_benchmark, select_methods,
-    summarize,
+    PROMPT_LOOKUP_TOKENS, Method, _drafter_settings, block_latency, build_methods, format_block_table, run_benchmark,
+    select_methods, summarize,
 )
 from hf_xpress.cli import build_parser, main as cli_main
 
@@ -172,6 +172,20 @@ def test_draft_vocabulary_on_and_off_variants_run_and_restore(llama):
     assert [m.name for m in select_methods(methods, "xpress")] == ["plain", "xpress K=2 es", "xpress K=2 es allV"]
     with pytest.raises(ValueError, match="no method or kind named \\['markov sl64'\\]"):
         select_methods(methods, "markov sl64")
+
+
+def test_our_methods_also_run_with_prompt_lookup_first(llama):
+    xp = tiny_drafter(llama, "xpress")
+    methods = build_methods([("xp", xp)], passes=[2], early_stop=[True], prompt_lookup=None, native_dflash=False,
+                            with_lookup=[False, True])
+    assert [m.name for m in methods] == ["plain", "xpress K=2 es", "xpress K=2 es +pld"]
+    assert [m.describe()["prompt_lookup"] for m in methods[1:]] == [None, PROMPT_LOOKUP_TOKENS]
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
+    results = run_benchmark(llama, None, methods, {"s": [prompt]}, max_new_tokens=30, progress=False, warmup=False)
+    assert results["mismatches"] == []
+    runs = {r["method"]: r for r in results["runs"]}
+    assert not any(runs["xpress K=2 es"]["stats"]["lookup"])
+    assert any(runs["xpress K=2 es +pld"]["stats"]["lookup"])
 
 
 @pytest.mark.parametrize("refiner", ["xpress", "markov", None])

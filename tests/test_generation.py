@@ -55,6 +55,79 @@ def test_sliding_window_and_causal_drafter_layers_are_lossless(target):
         assert torch.equal(plain, native), ids.shape
 
 
+def _repetitive_prompts(n: int) -> list[torch.Tensor]:
+    """Prompts that repeat a phrase, so that prompt lookup finds continuations."""
+    torch.manual_seed(1)
+    prompts = []
+    for i in range(n):
+        phrase = torch.randint(0, 126, (1, 3 + i))
+        prompts.append(torch.cat([phrase, torch.randint(0, 126, (1, 2)), phrase, phrase[:, :2]], dim=1))
+    return prompts
+
+
+@pytest.mark.parametrize("refiner", REFINERS)
+def test_prompt_lookup_rounds_mix_with_drafter_rounds_and_stay_lossless(target, refiner):
+    """`generate(..., assistant_model=drafter, prompt_lookup_num_tokens=n)`: rounds drafted by transformers' prompt
+    lookup where it finds a continuation, by the drafter elsewhere; the output is plain greedy `generate`'s."""
+    drafter = tiny_drafter(target, refiner)
+    kinds = set()
+    for ids in _repetitive_prompts(5) + _prompts(3):
+        for max_new_tokens in (3, 40):
+            plain = target.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+            ours = target.generate(ids, assistant_model=drafter, prompt_lookup_num_tokens=4,
+                                   max_new_tokens=max_new_tokens, do_sample=False)
+            assert torch.equal(plain, ours), (refiner, ids.shape, max_new_tokens)
+            stats = drafter.stats
+            assert len(stats.lookup) == stats.rounds
+            assert all(n <= 4 for n, looked in zip(stats.proposed, stats.lookup) if looked)
+            assert all(p == 0 for p, looked in zip(stats.passes, stats.lookup) if looked)
+            kinds |= set(stats.lookup)
+    assert kinds == {True, False}
+    with pytest.raises(ValueError, match="cannot be combined with prompt_lookup_num_tokens"):
+        target.generate(ids, assistant_model=drafter, prompt_lookup_num_tokens=4, assistant_ensemble_weight=0.5,
+                        max_new_tokens=5, do_sample=False)
+
+
+def test_after_prompt_lookup_rounds_the_drafter_sees_every_verified_token(target, monkeypatch):
+    """Lookup rounds run no drafter forward. The next drafter round adds all the tokens they verified: its block
+    output equals a fresh drafter forward over the whole context's target features."""
+    from transformers.cache_utils import DFlashCache
+
+    drafter = tiny_drafter(target, "xpress")
+    cfg = drafter.config
+    seen = []
+    original = XPressCandidateGenerator._draft_forward
+
+    def spy(self, input_ids):
+        hidden = original(self, input_ids)
+        seen.append((input_ids.clone(), self.context_length, hidden.clone()))
+        return hidden
+
+    monkeypatch.setattr(XPressCandidateGenerator, "_draft_forward", spy)
+    checked = 0
+    for ids in _repetitive_prompts(4):
+        target.generate(ids, assistant_model=drafter, prompt_lookup_num_tokens=4, max_new_tokens=40, do_sample=False)
+        lookup, rounds = drafter.stats.lookup, iter(seen)
+        for i, looked in enumerate(lookup):
+            if looked:
+                continue
+            sequence, context_length, hidden = next(rounds)
+            if i == 0 or not lookup[i - 1]:
+                continue
+            n = sequence.shape[1] - 1  # every verified token before the anchor
+            assert context_length == n
+            with torch.no_grad():
+                out = target(sequence[:, :-1], output_hidden_states=True)
+                features = torch.cat([out.hidden_states[j + 1] for j in cfg.target_layer_ids], dim=-1)
+                block = torch.cat([sequence[:, -1:], torch.full((1, cfg.block_size - 1), cfg.mask_token_id)], dim=1)
+                reference = drafter(noise_embeds=target.get_input_embeddings()(block), context_hidden_states=features,
+                                    position_ids=torch.arange(n + cfg.block_size)[None], cache=DFlashCache())
+            torch.testing.assert_close(hidden, reference.last_hidden_state, atol=1e-4, rtol=1e-4)
+            checked += 1
+        seen.clear()
+    assert checked >= 2, checked
+
+
 @pytest.fixture
 def oracle(monkeypatch):
     """Replace the first `good` drafts of each round by the target's true continuation (random `good`), so that
@@ -452,3 +525,21 @@ def test_sampling_keeps_the_target_distribution_and_a_biased_q_is_caught(
     assert stat_biased > _bound(dof_biased), (stat_biased, dof_biased, accepted)
     processors = "temperature" in processing  # top_k=0 alone adds no logits processor
     assert set(columns) == {draft_vocab is not None and not processors}
+
+
+def test_sampling_with_prompt_lookup_rounds_keeps_the_target_distribution():
+    """Lookup rounds carry no q: transformers samples the target and keeps the drafts that match, exact like the
+    drafter rounds' speculative sampling. The joint of 4 tokens over rounds of both kinds matches the target's."""
+    target, drafter = _peaky_pair(seed=7)
+    prompt = torch.tensor([[1, 2, 0, 1, 2, 0]])  # lookup continues every anchor but 3 (until 3 recurs)
+    processing = dict(top_k=0, prompt_lookup_num_tokens=2)
+    exact = _exact_joint(target, prompt, 4, **processing)
+    counts, kinds = torch.zeros([V] * 4), []
+    torch.manual_seed(123)
+    for _ in range(1500):
+        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=4, do_sample=True, **processing)
+        counts[tuple(out[0, prompt.shape[1] :].tolist())] += 1
+        kinds += drafter.stats.lookup
+    stat, dof = _chi2(counts, exact)
+    assert stat < _bound(dof), (stat, dof)
+    assert 0.1 < sum(kinds) / len(kinds) < 0.9, (sum(kinds), len(kinds))  # both kinds of rounds, often

@@ -698,6 +698,16 @@ def _aggregate(rows: list[dict]) -> dict:
             out["per_round_ms"] = {"draft": draft * 1e3, "refine": refine * 1e3, "verify": verify * 1e3,
                                    "other": other * 1e3}
         out["mean_passes"] = sum(passes) / len(passes) if passes else 0.0
+        # with prompt lookup first: which rounds lookup drafted, and what each kind of round accepted
+        kinds = [(looked, a) for r in rows if r.get("stats") for looked, a in zip(r["stats"].get("lookup", []), r["accepted"])]
+        if any(looked for looked, _ in kinds):
+            by_lookup = [a for looked, a in kinds if looked]
+            by_drafter = [a for looked, a in kinds if not looked]
+            out["lookup"] = {
+                "share": len(by_lookup) / len(kinds),
+                "tau_lookup_rounds": sum(by_lookup) / len(by_lookup) + 1.0,
+                "tau_drafter_rounds": sum(by_drafter) / len(by_drafter) + 1.0 if by_drafter else float("nan"),
+            }
     return out
 
 
@@ -838,6 +848,12 @@ def render_report(results: dict, plots: dict[str, str] | None = None) -> str:
             if f:
                 lines.append(f"| {name} | {_fmt(f['tokens_per_s'])} | {_fmt(f.get('speedup'))}x | {f['mismatches']} | "
                              f"{_fmt(f.get('mean_passes'))} |")
+        looked = {name: per_set["all"][name]["lookup"] for name in methods if "lookup" in per_set.get("all", {}).get(name, {})}
+        if looked:
+            lines += ["", "Prompt lookup first: share of rounds drafted by lookup, and tau of each kind of round:", "",
+                      "| method | lookup rounds | tau, lookup rounds | tau, drafter rounds |", "|---|---|---|---|"]
+            lines += [f"| {name} | {f['share']:.0%} | {_fmt(f['tau_lookup_rounds'])} | {_fmt(f['tau_drafter_rounds'])} |"
+                      for name, f in looked.items()]
         lines += ["", "Speed-up per set:", "", "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
         for name in methods:
             if name in per_set.get("all", {}):

@@ -18,6 +18,8 @@
 #   bash scripts/results_smollm2.sh run5-t1     # ... and at T = 1
 #   bash scripts/results_smollm2.sh block5 [OUT-SUFFIX]  # per-block latency of the fifth-run xPress folder, shortlist 64
 #   bash scripts/results_smollm2.sh run5-lookup  # run5-speed without the threshold, each of ours also with prompt lookup first
+#   bash scripts/results_smollm2.sh run5-lookup-t1  # ... and at T = 1
+#   bash scripts/results_smollm2.sh fp32-lookup  # fp32, greedy: ours with prompt lookup first, exactness (fails on a mismatch)
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -113,6 +115,14 @@ case "${1:-all}" in
     # Eleventh session: ours with and without prompt lookup first (`generate(..., prompt_lookup_num_tokens=10)`:
     # the drafter runs only where lookup finds no continuation), greedy, no confidence threshold.
     shipped_bench results/smollm2-bf16-run5-lookup "${D[@]}" --temperature 0 --with-lookup off,on
+    ;;
+  run5-lookup-t1)
+    shipped_bench results/smollm2-bf16-run5-lookup-t1 "${D[@]}" --temperature 1 --with-lookup off,on
+    ;;
+  fp32-lookup)
+    hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 4 --max-new-tokens 96 --temperature 0 \
+      --passes 2 --early-stop on --shortlist 64 --drafts 2 --no-native-dflash --no-prompt-lookup --with-lookup on \
+      --dtype float32 --threads 2 --fail-on-mismatch --out results/smollm2-fp32-lookup --no-progress
     ;;
   block5)
     # Tenth session: run twice, the second time as `block5 b` (results/block-smollm2-bf16-sl64-run5b).

@@ -13,7 +13,7 @@ import torch
 from hf_xpress import XPressStats
 from hf_xpress.benchmarking import (
     PROMPT_LOOKUP_TOKENS, Method, _drafter_settings, block_latency, build_methods, format_block_table, run_benchmark,
-    select_methods, summarize,
+    render_report, select_methods, summarize,
 )
 from hf_xpress.cli import build_parser, main as cli_main
 
@@ -185,7 +185,13 @@ def test_our_methods_also_run_with_prompt_lookup_first(llama):
     assert results["mismatches"] == []
     runs = {r["method"]: r for r in results["runs"]}
     assert not any(runs["xpress K=2 es"]["stats"]["lookup"])
-    assert any(runs["xpress K=2 es +pld"]["stats"]["lookup"])
+    looked = runs["xpress K=2 es +pld"]["stats"]["lookup"]
+    assert any(looked)
+    figures = results["summary"]["T=0"]["all"]
+    assert "lookup" not in figures["xpress K=2 es"]
+    share = figures["xpress K=2 es +pld"]["lookup"]["share"]
+    assert share == pytest.approx(sum(looked) / len(looked))
+    assert f"| xpress K=2 es +pld | {share:.0%} |" in render_report(results)
 
 
 @pytest.mark.parametrize("refiner", ["xpress", "markov", None])

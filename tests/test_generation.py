@@ -88,6 +88,20 @@ def test_prompt_lookup_rounds_mix_with_drafter_rounds_and_stay_lossless(target, 
                         max_new_tokens=5, do_sample=False)
 
 
+def test_prompt_lookup_first_with_logits_processors_stays_lossless(target):
+    """Greedy with processors that look at the prefix: lookup drops the continuations they forbid (transformers'
+    check), the drafter rounds apply them per slot; the output is plain `generate`'s."""
+    drafter = tiny_drafter(target, "xpress")
+    processing = dict(repetition_penalty=1.3, no_repeat_ngram_size=3, do_sample=False)
+    kinds = set()
+    for ids in _repetitive_prompts(4):
+        plain = target.generate(ids, max_new_tokens=30, **processing)
+        ours = target.generate(ids, assistant_model=drafter, prompt_lookup_num_tokens=4, max_new_tokens=30, **processing)
+        assert torch.equal(plain, ours), ids.shape
+        kinds |= set(drafter.stats.lookup)
+    assert kinds == {True, False}
+
+
 def test_after_prompt_lookup_rounds_the_drafter_sees_every_verified_token(target, monkeypatch):
     """Lookup rounds run no drafter forward. The next drafter round adds all the tokens they verified: its block
     output equals a fresh drafter forward over the whole context's target features."""

@@ -40,7 +40,7 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -218,6 +218,197 @@ def stdlib_functions(limit: int | None, max_source_chars: int = 4000) -> Iterato
     for _, ident, head, source in tasks[:limit]:
         yield ident, [{"role": "user", "content": HUMANEVAL_INSTRUCTION.format(prompt=head)},
                       {"role": "assistant", "content": f"```python\n{source}\n```"}]
+
+
+def _maths_templates() -> list[Callable[[random.Random], str]]:
+    """MATH-style problem families with random numbers (algebra, number theory, counting and probability, geometry,
+    arithmetic word problems). Each takes a seeded `random.Random` and returns a LaTeX-formatted question."""
+    words = ["BANANA", "LETTER", "COFFEE", "STREET", "PEPPER", "BALLOON", "SUCCESS", "MISSISSIPPI", "GARDEN", "PUZZLE"]
+    names = ["Alice", "Ben", "Carla", "Dev", "Elena", "Farid", "Grace", "Hugo"]
+
+    def linear(r):
+        a, x, b = r.randint(2, 12), r.randint(-20, 20), r.randint(-30, 30)
+        return f"Solve for $x$: ${a}x {'+' if b >= 0 else '-'} {abs(b)} = {a * x + b}$."
+
+    def system(r):
+        x, y = r.randint(-9, 9), r.randint(-9, 9)
+        a, b, c, d = (r.randint(1, 7) for _ in range(4))
+        if a * d == b * c:
+            d += 1
+        return (f"If ${a}x + {b}y = {a * x + b * y}$ and ${c}x + {d}y = {c * x + d * y}$, what is the value of "
+                f"${r.choice(['x', 'y', 'x + y', 'x - y', 'xy'])}$?")
+
+    def quadratic(r):
+        p, q = r.randint(-12, 12), r.randint(-12, 12)
+        ask = r.choice(["the sum of the solutions", "the product of the solutions", "the positive difference between the solutions", "the larger solution"])
+        return f"What is {ask} of the equation $x^2 {'-' if p + q >= 0 else '+'} {abs(p + q)}x {'+' if p * q >= 0 else '-'} {abs(p * q)} = 0$?"
+
+    def composition(r):
+        a, b, c, k = r.randint(2, 6), r.randint(-9, 9), r.randint(1, 9), r.randint(-5, 5)
+        return f"Let $f(x) = {a}x {'+' if b >= 0 else '-'} {abs(b)}$ and $g(x) = x^2 - {c}$. What is $f(g({k}))$?"
+
+    def arithmetic_series(r):
+        a, d, n = r.randint(-10, 20), r.randint(2, 9), r.randint(10, 60)
+        return f"What is the sum of the first ${n}$ terms of the arithmetic sequence ${a}, {a + d}, {a + 2 * d}, \\ldots$?"
+
+    def geometric(r):
+        a, q, n = r.randint(1, 5), r.randint(2, 4), r.randint(5, 10)
+        return f"Find the sum $\\sum_{{k=0}}^{{{n}}} {a} \\cdot {q}^k$."
+
+    def gcd_lcm(r):
+        g = r.randint(2, 30)
+        m, n = g * r.randint(2, 40), g * r.randint(2, 40)
+        return f"What is the {r.choice(['greatest common divisor', 'least common multiple'])} of ${m}$ and ${n}$?"
+
+    def remainder_power(r):
+        a, k, m = r.randint(2, 19), r.randint(10, 2024), r.randint(3, 13)
+        return f"What is the remainder when ${a}^{{{k}}}$ is divided by ${m}$?"
+
+    def divisors(r):
+        n = r.choice([2 ** r.randint(1, 5) * 3 ** r.randint(0, 3) * r.choice([1, 5, 7, 11]) for _ in range(3)])
+        ask = r.choice(["How many positive divisors does", "What is the sum of the positive divisors of", "What is the largest prime factor of"])
+        return f"{ask} ${n}${' have' if ask.startswith('How') else ''}?"
+
+    def base(r):
+        n, b = r.randint(20, 2000), r.choice([2, 3, 5, 6, 7, 8, 9])
+        return r.choice([f"Express ${n}_{{10}}$ in base ${b}$.",
+                         f"What is the base-ten value of ${_to_base(n, b)}_{{{b}}}$?"])
+
+    def choose(r):
+        n, k = r.randint(5, 20), r.randint(2, 5)
+        return r.choice([f"Compute $\\dbinom{{{n}}}{{{k}}}$.",
+                         f"In how many ways can a committee of ${k}$ people be chosen from a group of ${n}$ people?"])
+
+    def arrangements(r):
+        return f"Determine the number of ways to arrange the letters of the word {r.choice(words)}."
+
+    def marbles(r):
+        red, blue = r.randint(2, 9), r.randint(2, 9)
+        return (f"A bag contains ${red}$ red marbles and ${blue}$ blue marbles. Two marbles are drawn at random without "
+                f"replacement. What is the probability that {r.choice(['both are red', 'they are different colors', 'both are blue'])}? "
+                "Express your answer as a common fraction.")
+
+    def dice(r):
+        s = r.randint(3, 11)
+        return f"Two fair six-sided dice are rolled. What is the probability that the sum of the numbers rolled is ${s}$?"
+
+    def right_triangle(r):
+        m, n = r.randint(2, 6), r.randint(1, 5)
+        m = max(m, n + 1)
+        a, b = m * m - n * n, 2 * m * n
+        return r.choice([f"A right triangle has legs of length ${a}$ and ${b}$. What is the length of its hypotenuse?",
+                         f"What is the area of a right triangle with legs ${a}$ and ${b}$ units long?"])
+
+    def polygon(r):
+        n = r.randint(5, 20)
+        return r.choice([f"What is the sum of the interior angles of a convex polygon with ${n}$ sides, in degrees?",
+                         f"How many diagonals does a convex polygon with ${n}$ sides have?"])
+
+    def circle(r):
+        x = r.randint(1, 15)
+        return r.choice([f"A circle has radius ${x}$. What is its area? Express your answer in terms of $\\pi$.",
+                         f"The circumference of a circle is ${2 * x}\\pi$. What is the area of the circle, in terms of $\\pi$?"])
+
+    def points(r):
+        x1, y1, x2, y2 = (r.randint(-10, 10) for _ in range(4))
+        if x1 == x2:
+            x2 += 3
+        ask = r.choice(["the distance between the points", "the slope of the line through the points",
+                        "the midpoint of the segment with endpoints"])
+        return f"What is {ask} $({x1}, {y1})$ and $({x2}, {y2})$?"
+
+    def percent(r):
+        p, n = r.choice([5, 10, 12, 15, 20, 25, 30, 40, 60, 75]), r.randint(2, 80) * 10
+        return r.choice([f"What is ${p}\\%$ of ${n}$?",
+                         f"A price of $\\${n}$ is increased by ${p}\\%$ and then decreased by ${p}\\%$. What is the final price?"])
+
+    def fractions(r):
+        a, b, c, d = r.randint(1, 9), r.randint(2, 12), r.randint(1, 9), r.randint(2, 12)
+        op = r.choice(["+", "-", "\\cdot", "\\div"])
+        return f"Compute $\\frac{{{a}}}{{{b}}} {op} \\frac{{{c}}}{{{d}}}$ and express the answer in simplest form."
+
+    def exponents(r):
+        a, b, c = r.randint(2, 5), r.randint(2, 4), r.randint(1, 6)
+        return f"Simplify $(x^{{{a}}})^{{{b}}} \\cdot x^{{{c}}} \\div x^{{{a + c}}}$."
+
+    def absolute(r):
+        a, b = r.randint(-10, 10), r.randint(1, 12)
+        return f"What is the sum of all values of $x$ that satisfy $|x {'-' if a >= 0 else '+'} {abs(a)}| = {b}$?"
+
+    def inequality(r):
+        a, lo, hi = r.randint(2, 5), r.randint(-20, 0), r.randint(5, 40)
+        return f"How many integers $n$ satisfy ${lo} < {a}n + 1 < {hi}$?"
+
+    def speed(r):
+        d, t, name = r.randint(2, 12) * 30, r.randint(2, 6), r.choice(names)
+        return (f"{name} drives ${d}$ miles in ${t}$ hours. At the same average speed, how many minutes does it take "
+                f"{name} to drive ${r.randint(1, 8) * 15}$ miles?")
+
+    def ages(r):
+        k, young = r.randint(3, 5), r.randint(2, 12)
+        a = (k - 2) * young  # in a years the elder (k * young now) is twice as old: k y + a = 2 (y + a)
+        name, other = r.sample(names, 2)
+        return (f"{name} is ${k}$ times as old as {other}. In ${a}$ years, {name} will be twice as old as {other}. "
+                f"How old is {other} now?")
+
+    def mean_median(r):
+        xs = [r.randint(1, 50) for _ in range(r.randint(5, 9))]
+        return f"What is the {r.choice(['mean', 'median'])} of the numbers ${', '.join(map(str, xs))}$?"
+
+    def logs(r):
+        b, k = r.choice([2, 3, 5, 10]), r.randint(2, 6)
+        return r.choice([f"Evaluate $\\log_{{{b}}} {b ** k}$.", f"Evaluate $\\log_{{{b}}} \\frac{{1}}{{{b ** k}}}$."])
+
+    def complex_product(r):
+        a, b, c, d = (r.randint(-6, 6) for _ in range(4))
+        return f"Simplify $({a} {'+' if b >= 0 else '-'} {abs(b)}i)({c} {'+' if d >= 0 else '-'} {abs(d)}i)$."
+
+    def polynomial_remainder(r):
+        cs, a = [r.randint(-5, 5) for _ in range(4)], r.randint(-3, 3)
+        poly = " + ".join(f"{c}x^{{{3 - i}}}" if i < 3 else str(c) for i, c in enumerate(cs)).replace("+ -", "- ")
+        return f"Find the remainder when ${poly}$ is divided by $x {'-' if a >= 0 else '+'} {abs(a)}$."
+
+    def floor_ceiling(r):
+        x = r.randint(-50, 50) / r.choice([3, 4, 7])
+        return f"Evaluate $\\lfloor {x:.2f} \\rfloor + \\lceil {-x:.2f} \\rceil$."
+
+    def inverse_mod(r):
+        m = r.choice([7, 11, 13, 17, 19, 23, 29, 31])
+        return f"Find the inverse of ${r.randint(2, m - 1)}$ modulo ${m}$, as a residue between $0$ and ${m - 1}$."
+
+    return [linear, system, quadratic, composition, arithmetic_series, geometric, gcd_lcm, remainder_power, divisors,
+            base, choose, arrangements, marbles, dice, right_triangle, polygon, circle, points, percent, fractions,
+            exponents, absolute, inequality, speed, ages, mean_median, logs, complex_product, polynomial_remainder,
+            floor_ceiling, inverse_mod]
+
+
+def _to_base(n: int, b: int) -> str:
+    digits = ""
+    while n:
+        n, d = divmod(n, b)
+        digits = str(d) + digits
+    return digits or "0"
+
+
+def maths_problems(limit: int, seed: int = 0) -> Iterator[tuple[str, list[dict]]]:
+    """`(id, [user])`: synthetic MATH-style problems (`_maths_templates`, families in turn, numbers drawn with
+    `seed`), asked as the benchmark asks MATH-500 (step-by-step reasoning, answer in `\\boxed{}`). Prompts only: the
+    target answers them (`regen-maths`). Duplicates are skipped."""
+    from .assets import MATH_INSTRUCTION
+
+    rng, templates, seen = random.Random(seed), _maths_templates(), set()
+    count, attempts = 0, 0
+    while count < limit:
+        template = templates[attempts % len(templates)]
+        attempts += 1
+        question = template(rng)
+        if question in seen:
+            if attempts > 20 * (count + len(templates)):  # a limit beyond what the templates can vary
+                return
+            continue
+        seen.add(question)
+        count += 1
+        yield f"maths/{template.__name__}/{count}", [{"role": "user", "content": MATH_INSTRUCTION.format(question=question)}]
 
 
 @torch.no_grad()
@@ -473,7 +664,8 @@ def collect_sequences(args: argparse.Namespace, target: Any, tokenizer: Any, out
         exchanges = {"sharegpt": lambda: sharegpt_exchanges(args.num_prompts, args.skip_prompts),
                      "jsonl": lambda: jsonl_exchanges(arg, args.num_prompts),
                      "stdlib": lambda: stdlib_exchanges(args.num_code),
-                     "pyfunc": lambda: stdlib_functions(args.num_functions)}
+                     "pyfunc": lambda: stdlib_functions(args.num_functions),
+                     "maths": lambda: maths_problems(args.num_maths, args.seed)}
         if kind in exchanges:
             it = exchanges[kind]()
             for ident, msgs in it:
@@ -503,7 +695,7 @@ def collect_sequences(args: argparse.Namespace, target: Any, tokenizer: Any, out
                     seqs.append(("regen:" + ident, ids, plen))
         else:
             raise ValueError(f"unknown source {spec!r}: sharegpt, stdlib, pyfunc, jsonl:PATH, regen-sharegpt, "
-                             "regen-stdlib, regen-pyfunc, regen-jsonl:PATH, dataset:PATH")
+                             "regen-stdlib, regen-pyfunc, regen-maths, regen-jsonl:PATH, dataset:PATH")
         counts[spec] = len(seqs) - n_before
         print(f"[data] {spec}: {counts[spec]} sequences", flush=True)
     random.Random(args.seed).shuffle(seqs)
@@ -522,7 +714,7 @@ def data_main(args: argparse.Namespace) -> int:
             raise SystemExit(f"--extend: {out} holds no dataset to extend (no manifest.json)")
         record = {"sources": args.source, "seed": args.seed, "num_prompts": args.num_prompts,
                   "skip_prompts": args.skip_prompts, "num_code": args.num_code, "num_functions": args.num_functions,
-                  "label_dtype": args.dtype}
+                  "num_maths": args.num_maths, "label_dtype": args.dtype}
         added = extend_sequences(out, collect_sequences(args, target, tokenizer, out), record)
         print(f"[data] --extend: {added} new sequences appended to {out}")
     elif not (out / "manifest.json").exists():
@@ -530,8 +722,8 @@ def data_main(args: argparse.Namespace) -> int:
         manifest = {
             "target": args.target, "sources": args.source, "seed": args.seed, "max_len": args.max_len,
             "max_prompt": args.max_prompt, "num_prompts": args.num_prompts, "skip_prompts": args.skip_prompts,
-            "num_code": args.num_code, "num_functions": args.num_functions, "max_new_tokens": args.max_new_tokens,
-            "do_sample": args.do_sample,
+            "num_code": args.num_code, "num_functions": args.num_functions, "num_maths": args.num_maths,
+            "max_new_tokens": args.max_new_tokens, "do_sample": args.do_sample,
             "label_dtype": args.dtype, "labels": "argmax of the target's next-token distribution at each position",
             "vocab_size": target.config.get_text_config().vocab_size,
         }
@@ -552,12 +744,13 @@ def add_data_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="comma-separated: sharegpt, stdlib, pyfunc, jsonl:PATH (label existing text); regen-sharegpt, "
                         "regen-stdlib, regen-pyfunc, regen-jsonl:PATH (the same prompts, the target regenerates the "
                         "responses; pyfunc: HumanEval-shaped 'complete this function' tasks from the standard "
-                        "library); "
+                        "library); regen-maths (synthetic MATH-style problems, prompts only, answered by the target); "
                         "dataset:PATH (the sequences of another dataset folder, relabelled: mix sets with --extend)")
     p.add_argument("--num-prompts", type=int, default=1000, help="ShareGPT/jsonl conversations per source")
     p.add_argument("--skip-prompts", type=int, default=0, help="skip the first N ShareGPT conversations")
     p.add_argument("--num-code", type=int, default=400, help="stdlib code chunks")
     p.add_argument("--num-functions", type=int, default=400, help="stdlib function tasks (pyfunc sources)")
+    p.add_argument("--num-maths", type=int, default=1000, help="synthetic MATH-style problems (regen-maths)")
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--max-prompt", type=int, default=256)
     p.add_argument("--max-new-tokens", type=int, default=256, help="regeneration length")
@@ -1646,6 +1839,7 @@ SOURCE_DESCRIPTIONS = {
     "regen-pyfunc": ("standard-library functions as HumanEval-shaped tasks (signature and docstring) answered by the "
                      "target itself"),
     "regen-jsonl": "a jsonl file's prompts answered by the target itself",
+    "regen-maths": "synthetic MATH-style problems (31 template families, random numbers) answered by the target itself",
     "dataset": "the sequences of another dataset folder",
 }
 
@@ -1669,6 +1863,8 @@ def describe_sources(record: dict) -> str:
             text += f" (up to {record.get('num_code')} chunks)"
         elif kind.endswith("pyfunc"):
             text += f" (up to {record.get('num_functions')} functions)"
+        elif kind.endswith("maths"):
+            text += f" (up to {record.get('num_maths')} problems, seed {record.get('seed')})"
         parts.append(text)
     return "; ".join(parts)
 

@@ -12,3 +12,5 @@ folders_at() {
 THIRD_RUN=8fcbcce
 # The fourth run's (shipped at this commit): where the fifth run starts.
 FOURTH_RUN=98625d6
+# The fifth run's (shipped at this commit): where the sixth run starts.
+FIFTH_RUN=4c8f9e1

@@ -21,6 +21,11 @@
 #   bash scripts/train_smollm2.sh continue5 # fifth run: each shipped (fourth-run) drafter continues on it
 #   bash scripts/train_smollm2.sh tau5      # the fifth run's tau on 24 prompts per set, at the shipped settings
 #   bash scripts/train_smollm2.sh ship5     # ship the fifth run's drafters
+#   bash scripts/train_smollm2.sh maths     # sixth run's data: synthetic MATH-style problems answered by the target
+#   bash scripts/train_smollm2.sh mix6      # sixth run's data: mix5 + the maths answers (relabelled)
+#   bash scripts/train_smollm2.sh continue6 # sixth run: each shipped (fifth-run) drafter continues on it
+#   bash scripts/train_smollm2.sh tau6      # the sixth run's tau on 24 prompts per set, at the shipped settings
+#   bash scripts/train_smollm2.sh ship6     # ship the sixth run's drafters
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +36,7 @@ LAYER_IDS=1,14,27
 MIX_CACHE=${HF_XPRESS_MIX_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-mix-L1-14-27}
 REGEN_CACHE=${HF_XPRESS_REGEN_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-regen-L1-14-27}
 MIX5_CACHE=${HF_XPRESS_MIX5_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-mix5-L1-14-27}
+MIX6_CACHE=${HF_XPRESS_MIX6_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-mix6-L1-14-27}
 
 # Same drafter, data and budget for the three runs; only --refiner differs.
 COMMON=(--target "$TARGET" --data "$DATA" --feature-cache "$CACHE"
@@ -250,6 +256,33 @@ PY
     ;;
   ship5)
     ship -5 final
+    ;;
+  maths)
+    # Sixth run's data: the fifth run gained least on MATH-500, and no maths training set installs offline (MMATH is
+    # the benchmark). Synthetic MATH-style problems (hf_xpress.training.maths_problems, asked as the benchmark asks),
+    # answered by the target (greedy, bf16). Resumable: regeneration keeps finished batches.
+    hf-xpress data --target "$TARGET" --source regen-maths --num-maths "${NUM_MATHS:-1200}" --seed 5 --dtype bfloat16 \
+      --max-new-tokens 256 --batch-size 16 --out data/smollm2-maths --threads 2
+    ;;
+  mix6)
+    # Sixth run's data: mix5 (its labels kept) + every sequence of data/smollm2-maths (relabelled by the bf16 forward
+    # that also fills the feature cache). Held-out split as before (inside the fourth run's mix).
+    if [[ ! -f data/smollm2-mix6/manifest.json ]]; then
+      mkdir -p data/smollm2-mix6
+      cp data/smollm2-mix5/*.npy data/smollm2-mix5/manifest.json data/smollm2-mix6/
+    fi
+    hf-xpress data --target "$TARGET" --extend --source dataset:data/smollm2-maths --seed 6 --dtype bfloat16 \
+      --out data/smollm2-mix6 --layer-ids "$LAYER_IDS" --feature-cache "$MIX6_CACHE" --threads 2
+    ;;
+  continue6)
+    # Sixth run: each shipped drafter (fifth run) continues on mix6.
+    continue_shipped -6 data/smollm2-mix6 "$MIX6_CACHE" "$(folders_at "$FIFTH_RUN")"
+    ;;
+  tau6)
+    measure -6 24 "$REF24" final
+    ;;
+  ship6)
+    ship -6 final
     ;;
   lora)
     # Part 5: attach xPress to the trained dFlash drafter (LoRA r=16 on its layers and fc, refiner trained fully).

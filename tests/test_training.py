@@ -535,6 +535,35 @@ def test_stdlib_functions_are_humaneval_shaped_tasks_answered_by_their_source():
         assert '"""' in head or "\'\'\'" in head  # the docstring is part of the task
 
 
+def test_synthetic_maths_problems_are_seeded_unique_math500_style_prompts_and_not_the_benchmark():
+    import json
+
+    from hf_xpress.assets import MATH_INSTRUCTION, MMATH_FILE, packaged_file
+
+    problems = list(T.maths_problems(600, seed=5))
+    assert len(problems) == 600 and len({m[0]["content"] for _, m in problems}) == 600  # no repeats
+    assert problems[:50] == list(T.maths_problems(50, seed=5))  # deterministic, a prefix
+    assert problems[:50] != list(T.maths_problems(50, seed=6))
+    families = {ident.split("/")[1] for ident, _ in problems}
+    assert len(families) == len(T._maths_templates()) == 31  # every family, in turn
+    head, tail = MATH_INSTRUCTION.format(question="\0").split("\0")
+    questions = []
+    for _, (user,) in problems:
+        assert user["role"] == "user" and user["content"].startswith(head) and user["content"].endswith(tail)
+        questions.append(user["content"].removeprefix(head).removesuffix(tail))
+    assert all("$" in q or q.startswith("Determine") for q in questions)  # LaTeX maths, as MATH-500 writes it
+    with open(packaged_file(MMATH_FILE), encoding="utf-8") as f:
+        benchmark = {row["question"].strip() for row in json.load(f)}
+    assert not benchmark & set(questions)  # never a benchmark prompt
+    # label mode needs responses: the problems are prompts only, answered by the target (regen-maths)
+    args = argparse.Namespace(source="maths", num_maths=3, seed=0, max_len=512, max_prompt=256)
+    with pytest.raises(ValueError, match="label mode needs a response; use regen-maths"):
+        T.collect_sequences(args, None, None, Path("."))
+    assert T.describe_sources({"sources": "regen-maths", "num_maths": 1000, "seed": 5}) == (
+        "synthetic MATH-style problems (31 template families, random numbers) answered by the target itself "
+        "(up to 1000 problems, seed 5)")
+
+
 def test_dataset_sources_are_described_with_their_ranges(tmp_path):
     record = {"sources": "regen-sharegpt,regen-stdlib,dataset:data/x", "skip_prompts": 5140, "num_prompts": 1000,
               "num_code": 400}

@@ -20,6 +20,7 @@
 #   bash scripts/results_smollm2.sh run5-lookup  # run5-speed without the threshold, each of ours also with prompt lookup first
 #   bash scripts/results_smollm2.sh run5-lookup-t1  # ... and at T = 1
 #   bash scripts/results_smollm2.sh fp32-lookup  # fp32, greedy: ours with prompt lookup first, exactness (fails on a mismatch)
+#   bash scripts/results_smollm2.sh run6-speed  # the sixth run's drafters (shipped in the eleventh session), greedy, with and without lookup
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -115,6 +116,9 @@ case "${1:-all}" in
     # Eleventh session: ours with and without prompt lookup first (`generate(..., prompt_lookup_num_tokens=10)`:
     # the drafter runs only where lookup finds no continuation), greedy, no confidence threshold.
     shipped_bench results/smollm2-bf16-run5-lookup "${D[@]}" --temperature 0 --with-lookup off,on
+    ;;
+  run6-speed)
+    speed results/smollm2-bf16-run6-speed "${D[@]}" --with-lookup off,on
     ;;
   run5-lookup-t1)
     shipped_bench results/smollm2-bf16-run5-lookup-t1 "${D[@]}" --temperature 1 --with-lookup off,on

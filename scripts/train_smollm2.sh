@@ -104,6 +104,18 @@ continue_shipped() {
   wait
 }
 
+# extend_mix FROM TO DATASET SEED CACHE: TO = FROM (its committed labels kept) + every sequence of DATASET, relabelled
+# by the bf16 forward that also fills the feature cache CACHE (for the whole of TO). Resumable.
+extend_mix() {
+  local from=$1 to=$2 dataset=$3 seed=$4 cache=$5
+  if [[ ! -f "$to/manifest.json" ]]; then
+    mkdir -p "$to"
+    cp "$from"/*.npy "$from/manifest.json" "$to/"
+  fi
+  hf-xpress data --target "$TARGET" --extend --source "dataset:$dataset" --seed "$seed" --dtype bfloat16 \
+    --out "$to" --layer-ids "$LAYER_IDS" --feature-cache "$cache" --threads 2
+}
+
 case "${1:-all}" in
   data|all)
     # ShareGPT first exchanges (their existing responses) + stdlib source as code blocks, shuffled (seed 0),
@@ -237,12 +249,7 @@ PY
     # Fifth run's data: the fourth run's mix (its committed labels kept) + every sequence of data/smollm2-pyfunc
     # (relabelled by the same bf16 forward that fills the feature cache). The held-out split (every 25th sequence, the
     # first 48 used) lies inside the mix's prefix, so held-out figures compare with the fourth run's.
-    if [[ ! -f data/smollm2-mix5/manifest.json ]]; then
-      mkdir -p data/smollm2-mix5
-      cp data/smollm2-mix/*.npy data/smollm2-mix/manifest.json data/smollm2-mix5/
-    fi
-    hf-xpress data --target "$TARGET" --extend --source dataset:data/smollm2-pyfunc --seed 4 --dtype bfloat16 \
-      --out data/smollm2-mix5 --layer-ids "$LAYER_IDS" --feature-cache "$MIX5_CACHE" --threads 2
+    extend_mix data/smollm2-mix data/smollm2-mix5 data/smollm2-pyfunc 4 "$MIX5_CACHE"
     ;;
   continue5)
     # Fifth run: each shipped drafter (fourth run) continues on mix5.
@@ -267,12 +274,7 @@ PY
   mix6)
     # Sixth run's data: mix5 (its labels kept) + every sequence of data/smollm2-maths (relabelled by the bf16 forward
     # that also fills the feature cache). Held-out split as before (inside the fourth run's mix).
-    if [[ ! -f data/smollm2-mix6/manifest.json ]]; then
-      mkdir -p data/smollm2-mix6
-      cp data/smollm2-mix5/*.npy data/smollm2-mix5/manifest.json data/smollm2-mix6/
-    fi
-    hf-xpress data --target "$TARGET" --extend --source dataset:data/smollm2-maths --seed 6 --dtype bfloat16 \
-      --out data/smollm2-mix6 --layer-ids "$LAYER_IDS" --feature-cache "$MIX6_CACHE" --threads 2
+    extend_mix data/smollm2-mix5 data/smollm2-mix6 data/smollm2-maths 6 "$MIX6_CACHE"
     ;;
   continue6)
     # Sixth run: each shipped drafter (fifth run) continues on mix6.

@@ -128,12 +128,10 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         self.cache = DFlashCache()
         self.context_length = 0  # target tokens whose features are in the drafter's cache
         self.pending: list[torch.Tensor] = []  # features `[1, n, L*H]` of verified tokens not in the cache yet
-        self.pending_length = 0
         self.mask_embeds: torch.Tensor | None = None
         self.stats = XPressStats(block_size=self.block_size)
         assistant_model.stats = self.stats
         self._proposed_this_round = 0
-        self._lookup_this_round = False
         self._verify_start = 0.0
         # Drafts per round and where they end: the drafter's settings, as transformers reads a classic assistant's
         # from `assistant_model.generation_config` (generate() fills the target's with defaults, so a value there
@@ -223,12 +221,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
 
         self.stats.draft_time += drafted - start
         self.stats.refine_time += end - drafted
-        self.stats.passes.append(proposal.passes)
-        self.stats.proposed.append(num_drafts)
-        self.stats.drafts.append(proposal.tokens[0, :num_drafts].tolist())
-        self.stats.lookup.append(False)
-        self._proposed_this_round = num_drafts
-        self._verify_start = end
+        self._record_round(proposal.tokens[0, :num_drafts].tolist(), proposal.passes, lookup=False, end=end)
         candidate_ids = torch.cat([input_ids, proposal.tokens[:, :num_drafts].to(input_ids.device)], dim=1)
         # Greedy verification compares tokens only; the logits (q) are for speculative sampling and ensembling.
         return candidate_ids, proposal.logits[:, :num_drafts] if self.needs_logits else None
@@ -243,29 +236,31 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         """A round drafted by prompt lookup: no drafter forward, no logits (verified by matching)."""
         end = self._clock()
         self.stats.draft_time += end - start
-        self.stats.passes.append(0)
-        self.stats.proposed.append(num_drafts)
-        self.stats.drafts.append(candidate_ids[0, -num_drafts:].tolist())
-        self.stats.lookup.append(True)
-        self._proposed_this_round = num_drafts
-        self._lookup_this_round = True
-        self._verify_start = end
+        self._record_round(candidate_ids[0, -num_drafts:].tolist(), passes=0, lookup=True, end=end)
         return candidate_ids, None
+
+    def _record_round(self, drafts: list[int], passes: int, lookup: bool, end: float) -> None:
+        """Record a round's drafts in `stats`; its verification starts at `end`."""
+        self.stats.passes.append(passes)
+        self.stats.proposed.append(len(drafts))
+        self.stats.drafts.append(drafts)
+        self.stats.lookup.append(lookup)
+        self._proposed_this_round = len(drafts)
+        self._verify_start = end
 
     def _keep_features(self, input_ids: torch.LongTensor, model_outputs) -> None:
         """Keep the target features of the verified tokens (all but the anchor) that the drafter has not seen: the
         last target forward's first rows (prompt lookup rounds run no drafter forward, so these can pile up)."""
-        num_new = input_ids.shape[1] - 1 - self.context_length - self.pending_length
+        num_new = input_ids.shape[1] - 1 - self.context_length - sum(f.shape[1] for f in self.pending)
         self.pending.append(torch.cat(
             [model_outputs.hidden_states[i + 1][:, :num_new] for i in self.config.target_layer_ids], dim=-1
         ).to(self.device))
-        self.pending_length += num_new
 
     def _draft_forward(self, input_ids: torch.LongTensor) -> torch.Tensor:
         """Add the kept target features to the drafter's cache and run the block. Returns hidden `[1, B, H]`."""
         features = self.pending[0] if len(self.pending) == 1 else torch.cat(self.pending, dim=1)
-        num_new = self.pending_length  # verified tokens before the anchor, not yet cached
-        self.pending, self.pending_length = [], 0
+        num_new = features.shape[1]  # verified tokens before the anchor, not yet cached
+        self.pending = []
         if self.mask_embeds is None:
             self.mask_embeds = self._get_noise_embeds(self.noise_ids_mask.to(input_ids.device)).to(self.device)
         anchor = self._get_noise_embeds(input_ids[:, -1:]).to(self.device)
@@ -304,7 +299,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         if self._proposed_this_round:
             self.stats.verify_time += self._clock() - self._verify_start
             self.stats.accepted.append(int(num_matches))
-            lookup, self._lookup_this_round = self._lookup_this_round, False
+            lookup = self.stats.lookup[-1]  # this round's, recorded by get_candidates
             if self.schedule in ("heuristic", "heuristic_transient") and not lookup:  # transformers' rule
                 grow = int(num_matches) == self._proposed_this_round
                 cap = self.num_assistant_tokens + 2 if grow else self.num_assistant_tokens - 1

@@ -554,7 +554,13 @@ class XPressDrafterModel(XPressPreTrainedModel):
         weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
         key = (weight.data_ptr(), weight._version, weight.dtype, weight.device, self.draft_vocab.data_ptr())
         if self._draft_rows is None or self._draft_rows[0] != key:
-            ids = self._checked_draft_vocab().to(weight.device)
+            if bool((self.draft_vocab < 0).any()):
+                raise ValueError(
+                    f"This drafter's config sets draft_vocab_size={self.config.draft_vocab_size} but its checkpoint has "
+                    "no `draft_vocab` ids (a truncated or hand-edited checkpoint?). Call set_draft_vocab(ids), or "
+                    "set_draft_vocab(None) to draft over the whole vocabulary."
+                )
+            ids = self.draft_vocab.to(weight.device)
             with torch.no_grad():
                 rows = (weight[ids].detach(), None if bias is None else bias[ids].detach())
             self._draft_rows = (key, ids, rows)
@@ -566,15 +572,6 @@ class XPressDrafterModel(XPressPreTrainedModel):
         outside the draft vocabulary (what logits processors and full-vocabulary callers need)."""
         scores, ids = self.draft_scores(hidden, lm_head)
         return scores if ids is None else _full_vocabulary(scores, ids, lm_head.weight.shape[0])
-
-    def _checked_draft_vocab(self) -> torch.LongTensor:
-        if bool((self.draft_vocab < 0).any()):
-            raise ValueError(
-                f"This drafter's config sets draft_vocab_size={self.config.draft_vocab_size} but its checkpoint has "
-                "no `draft_vocab` ids (a truncated or hand-edited checkpoint?). Call set_draft_vocab(ids), or "
-                "set_draft_vocab(None) to draft over the whole vocabulary."
-            )
-        return self.draft_vocab
 
     def _refiner_read(self, vocab_ids: torch.LongTensor | None) -> torch.Tensor | None:
         """The refiner's read-out rows `w2.weight[vocab_ids]` `[V', r]` (gathered once per weight and id set), for a

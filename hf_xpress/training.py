@@ -390,25 +390,176 @@ def _to_base(n: int, b: int) -> str:
     return digits or "0"
 
 
-def maths_problems(limit: int, seed: int = 0) -> Iterator[tuple[str, list[dict]]]:
-    """`(id, [user])`: synthetic MATH-style problems (`_maths_templates`, families in turn, numbers drawn with
-    `seed`), asked as the benchmark asks MATH-500 (step-by-step reasoning, answer in `\\boxed{}`). Prompts only: the
-    target answers them (`regen-maths`). Duplicates are skipped."""
-    from .assets import MATH_INSTRUCTION
-
-    rng, templates, seen = random.Random(seed), _maths_templates(), set()
+def _drawn(templates: list[Callable[[random.Random], str]], limit: int, seed: int, skip: int) -> Iterator[tuple[int, str, str]]:
+    """`(n, family, text)` for the `skip + 1`-th to `skip + limit`-th distinct texts that `templates` draw in turn with
+    one `random.Random(seed)` (`n` counts from 1 over all of them; a repeat is drawn again). Stops early once the
+    templates cannot vary enough."""
+    rng, seen = random.Random(seed), set()
     count, attempts = 0, 0
-    while count < limit:
+    while count < skip + limit:
         template = templates[attempts % len(templates)]
         attempts += 1
-        question = template(rng)
-        if question in seen:
-            if attempts > 20 * (count + len(templates)):  # a limit beyond what the templates can vary
+        text = template(rng)
+        if text in seen:
+            if attempts > 20 * (count + len(templates)):
                 return
             continue
-        seen.add(question)
+        seen.add(text)
         count += 1
-        yield f"maths/{template.__name__}/{count}", [{"role": "user", "content": MATH_INSTRUCTION.format(question=question)}]
+        if count > skip:
+            yield count, template.__name__, text
+
+
+def maths_problems(limit: int, seed: int = 0, skip: int = 0) -> Iterator[tuple[str, list[dict]]]:
+    """`(id, [user])`: synthetic MATH-style problems (`_maths_templates`, families in turn, numbers drawn with
+    `seed`), asked as the benchmark asks MATH-500 (step-by-step reasoning, answer in `\\boxed{}`). Prompts only: the
+    target answers them (`regen-maths`). Duplicates are skipped; so are the first `skip` problems, which extends a
+    set made with the same seed by new, distinct problems."""
+    from .assets import MATH_INSTRUCTION
+
+    for n, family, question in _drawn(_maths_templates(), limit, seed, skip):
+        yield f"maths/{family}/{n}", [{"role": "user", "content": MATH_INSTRUCTION.format(question=question)}]
+
+
+def _chat_templates() -> list[Callable[[random.Random], str]]:
+    """Chat requests in MT-Bench's eight categories (writing, roleplay, reasoning, math, coding, extraction, STEM,
+    humanities), each drawn from word lists with a seeded `random.Random`. The lists are ours, written for these
+    categories; none is a benchmark question (tested)."""
+    places = ["Iceland", "Kyoto", "Morocco", "Peru", "the Scottish Highlands", "Vietnam", "New Zealand", "Lisbon",
+              "Patagonia", "Istanbul", "Cape Town", "Quebec City", "the Amalfi Coast", "Bali", "Norway's fjords"]
+    topics = ["remote work", "urban gardening", "electric cars", "public libraries", "learning a second language",
+              "volunteering", "social media", "space exploration", "recycling", "online education", "local farmers' markets",
+              "video games", "renewable energy", "minimalism", "artificial intelligence", "team sports", "board games",
+              "reading fiction", "public transport", "sleep"]
+    forms = ["blog post", "short essay", "newsletter article", "speech", "op-ed", "product description", "press release"]
+    people = ["your manager", "a potential investor", "your neighbour", "a university admissions officer", "your landlord",
+              "a customer who left a bad review", "the city council", "a former colleague"]
+    actions = ["approve a four-day work week", "fund a community solar project", "join a book club",
+               "reconsider a late fee", "add a bike lane to Main Street", "attend a charity run", "try a new software tool",
+               "invest in a small bakery"]
+    openings = ["The letter arrived forty years too late.", "Nobody in the village had ever seen the lighthouse dark.",
+                "The robot had one rule, and today it broke it.", "It started raining upward on a Tuesday.",
+                "The last train of the night stopped at a station that was not on the map.",
+                "My grandmother kept a locked box under her bed."]
+    roles = ["a travel agent", "a personal fitness coach", "a chef at a busy restaurant", "a career counselor",
+             "a museum guide", "a detective in 1920s London", "a ship's captain", "a nutritionist", "a startup founder",
+             "a high-school chemistry teacher", "a medieval blacksmith", "an astronaut on the Moon", "a tech support agent",
+             "a wildlife photographer", "a financial advisor", "a kindergarten teacher"]
+    asks = ["What advice would you give someone just starting out?", "Describe a typical day in your life.",
+            "What is the hardest part of your job, and how do you handle it?", "How would you explain what you do to a child?",
+            "A customer is unhappy with your work. How do you respond?", "What mistakes do beginners usually make?",
+            "Tell me about the most memorable moment of your career."]
+    names = ["Alice", "Ben", "Carla", "Dev", "Elena", "Farid", "Grace", "Hugo", "Ines", "Jamal"]
+    tasks = ["reverse the words in a sentence", "check whether a string is a palindrome", "find the second largest number in a list",
+             "count the vowels in a string", "merge two sorted lists into one sorted list", "compute the n-th Fibonacci number",
+             "remove duplicates from a list while keeping the order", "check whether two strings are anagrams",
+             "find the longest common prefix of a list of strings", "convert a Roman numeral to an integer",
+             "rotate a matrix by 90 degrees", "find all prime numbers up to n", "flatten a nested list",
+             "compute the factorial of a number", "find the most frequent element in a list", "validate an email address",
+             "implement binary search", "count the words in a text file", "implement a stack with push and pop",
+             "find the maximum sum of a contiguous subarray", "check whether brackets in a string are balanced",
+             "convert a temperature from Celsius to Fahrenheit", "compute the greatest common divisor of two numbers",
+             "group a list of words by their first letter"]
+    languages = ["Python", "Python", "Python", "JavaScript", "C++", "Java"]
+    cities = ["Berlin", "Madrid", "Toronto", "Nairobi", "Seoul", "Lima", "Oslo", "Cairo", "Melbourne", "Mumbai"]
+    products = ["wireless earbuds", "a standing desk", "a coffee grinder", "a smartwatch", "a robot vacuum", "a camping tent"]
+    concepts = [("photosynthesis", "cellular respiration"), ("entropy", "the second law of thermodynamics"),
+                ("natural selection", "genetic drift"), ("an electric current", "voltage"), ("DNA replication", "mutation"),
+                ("gravity", "orbital motion"), ("a chemical equilibrium", "Le Chatelier's principle"),
+                ("machine learning", "statistics"), ("plate tectonics", "earthquakes"), ("the immune system", "vaccines"),
+                ("a black hole", "general relativity"), ("an enzyme", "activation energy"), ("compound interest", "inflation"),
+                ("a neural network", "the human brain"), ("the greenhouse effect", "climate change"),
+                ("encryption", "hash functions"), ("the speed of sound", "temperature"), ("a transistor", "a logic gate"),
+                ("the water cycle", "weather"), ("antibiotics", "bacterial resistance"), ("nuclear fission", "nuclear fusion"),
+                ("the Doppler effect", "astronomy"), ("an ecosystem", "biodiversity"), ("a vaccine", "herd immunity"),
+                ("friction", "energy loss"), ("a database index", "query speed"), ("supply and demand", "prices"),
+                ("the periodic table", "chemical bonding"), ("quantum superposition", "measurement"),
+                ("an algorithm's time complexity", "its memory use"), ("ocean currents", "climate"),
+                ("a solar panel", "the photoelectric effect"), ("a hurricane", "ocean temperature"), ("RNA", "protein synthesis"),
+                ("a magnetic field", "an electric motor"), ("acids and bases", "pH")]
+    subjects = [("the printing press", "the spread of literacy"), ("the Industrial Revolution", "family life"),
+                ("minimum wage laws", "small businesses"), ("the Silk Road", "cultural exchange"),
+                ("globalization", "local cultures"), ("the Renaissance", "modern science"), ("urbanization", "the environment"),
+                ("central banks", "interest rates"), ("social media", "political debate"), ("the invention of the telephone", "business"),
+                ("universal basic income", "employment"), ("tourism", "historic cities"), ("the Roman road network", "trade"),
+                ("the abolition of slavery", "economies"), ("photography", "modern art"), ("free trade agreements", "farmers"),
+                ("the Cold War", "science funding"), ("colonialism", "languages spoken today"), ("the Reformation", "education"),
+                ("the internet", "journalism"), ("women's suffrage", "public policy"), ("mass media", "public opinion"),
+                ("antitrust laws", "market competition"), ("the Great Depression", "government spending")]
+
+    def writing(r):
+        return r.choice([
+            f"Compose an engaging {r.choice(forms)} about a recent trip to {r.choice(places)}, highlighting the food, the people and the sights.",
+            f"Write a persuasive email to {r.choice(people)} asking them to {r.choice(actions)}. Keep it under 200 words.",
+            f"Write a short story that begins with the sentence: \"{r.choice(openings)}\"",
+            f"Write a {r.choice(forms)} on the benefits and drawbacks of {r.choice(topics)}.",
+            f"Write a poem of {r.randint(3, 6)} stanzas about {r.choice(topics)}.",
+            f"Draft a professional reply to {r.choice(people)} who asked for an update on a project that is {r.randint(2, 6)} weeks late."])
+
+    def roleplay(r):
+        role = r.choice(roles)
+        return r.choice([f"Pretend you are {role}. {r.choice(asks)}",
+                         f"Imagine yourself as {role}. Stay in character for the rest of this conversation. {r.choice(asks)}",
+                         f"Act as {role}. I will ask you questions and you answer as that person would. First question: {r.choice(asks)}"])
+
+    def reasoning(r):
+        a, b, c = r.sample(names, 3)
+        n, k = r.randint(3, 9), r.randint(2, 5)
+        return r.choice([
+            f"{a} is taller than {b}, and {b} is taller than {c}. Is {c} taller than {a}? Explain your reasoning step by step.",
+            f"{a} has {n} brothers. Each of them has {k} sisters. How many sisters does {a} have, if {a} is a girl? Explain.",
+            f"In a race, you overtake the person in position {k}. What is your position now, and why?",
+            f"A farmer has {n * 4} animals, chickens and cows, with {n * 10} legs in total. How many of each are there? Think it through.",
+            f"If it takes {k} machines {k} minutes to make {k} widgets, how long would it take {n * 10} machines to make {n * 10} widgets?",
+            f"Which word does not belong with the others: {', '.join(r.sample(['apple', 'banana', 'cherry', 'carrot', 'grape', 'mango'], 4))}? Explain."])
+
+    maths = _maths_templates()
+
+    def math(r):  # MT-Bench asks maths plainly, without MATH-500's boxed-answer instruction
+        return r.choice(maths)(r)
+
+    def coding(r):
+        task, lang = r.choice(tasks), r.choice(languages)
+        return r.choice([f"Write a {lang} function to {task}.",
+                         f"Implement a program in {lang} to {task}. Explain the time complexity.",
+                         f"How would you {task} in {lang}? Show the code and walk me through it."])
+
+    def extraction(r):
+        x, y = r.sample(cities, 2)
+        a, b = r.sample(names, 2)
+        p, stars = r.choice(products), r.randint(1, 5)
+        return r.choice([
+            f"Extract the names, cities and dates from the following text and return them as JSON: \"{a} moved from {x} "
+            f"to {y} on {r.randint(1, 28)} March {r.randint(1990, 2023)}, where {a} met {b} a year later.\"",
+            f"Rate the following product review from 1 to 5 and return only the number: \"I bought {p} last month. "
+            f"{'It works perfectly and I love it.' if stars > 3 else 'It stopped working after a week.'}\"",
+            f"Summarize the following in one sentence, then list the key facts as bullet points: \"The city of {x} "
+            f"opened a new {r.choice(['library', 'bridge', 'park', 'museum'])} in {r.randint(2000, 2023)}. It cost "
+            f"{r.randint(5, 90)} million dollars and serves about {r.randint(2, 50) * 1000} people each week.\""])
+
+    def stem(r):
+        (c1, c2), level = r.choice(concepts), r.choice(["simple terms", "a way a high-school student would understand"])
+        return r.choice([f"Explain {c1} in {level}.", f"What is {c1}, and how does it relate to {c2}?",
+                         f"Describe {c1} and give two real-world examples.", f"What are common misconceptions about {c1}?",
+                         f"How would you design a simple experiment or demonstration to show {c1}?",
+                         f"Compare {c1} and {c2}: how are they similar, and how do they differ?"])
+
+    def humanities(r):
+        s1, s2 = r.choice(subjects)
+        return r.choice([f"Discuss the impact of {s1} on {s2}.", f"How did {s1} change {s2}? Give examples.",
+                         f"What are the main arguments for and against {s1}, with regard to {s2}?",
+                         f"Write a short lesson plan that teaches high-school students about {s1}.",
+                         f"Explain {s1} to someone who has never heard of it, and say why it matters for {s2}.",
+                         f"Give three historical or present-day examples of how {s1} affected {s2}."])
+
+    return [writing, roleplay, reasoning, math, coding, extraction, stem, humanities]
+
+
+def chat_tasks(limit: int, seed: int = 0, skip: int = 0) -> Iterator[tuple[str, list[dict]]]:
+    """`(id, [user])`: chat requests in MT-Bench's eight categories (`_chat_templates`, in turn, drawn with `seed`).
+    Prompts only: the target answers them (`regen-chat`). Duplicates and the first `skip` requests are skipped."""
+    for n, family, request in _drawn(_chat_templates(), limit, seed, skip):
+        yield f"chat/{family}/{n}", [{"role": "user", "content": request}]
 
 
 @torch.no_grad()
@@ -665,7 +816,8 @@ def collect_sequences(args: argparse.Namespace, target: Any, tokenizer: Any, out
                      "jsonl": lambda: jsonl_exchanges(arg, args.num_prompts),
                      "stdlib": lambda: stdlib_exchanges(args.num_code),
                      "pyfunc": lambda: stdlib_functions(args.num_functions),
-                     "maths": lambda: maths_problems(args.num_maths, args.seed)}
+                     "maths": lambda: maths_problems(args.num_maths, args.seed, args.skip_prompts),
+                     "chat": lambda: chat_tasks(args.num_chat, args.seed, args.skip_prompts)}
         if kind in exchanges:
             it = exchanges[kind]()
             for ident, msgs in it:
@@ -695,7 +847,7 @@ def collect_sequences(args: argparse.Namespace, target: Any, tokenizer: Any, out
                     seqs.append(("regen:" + ident, ids, plen))
         else:
             raise ValueError(f"unknown source {spec!r}: sharegpt, stdlib, pyfunc, jsonl:PATH, regen-sharegpt, "
-                             "regen-stdlib, regen-pyfunc, regen-maths, regen-jsonl:PATH, dataset:PATH")
+                             "regen-stdlib, regen-pyfunc, regen-maths, regen-chat, regen-jsonl:PATH, dataset:PATH")
         counts[spec] = len(seqs) - n_before
         print(f"[data] {spec}: {counts[spec]} sequences", flush=True)
     random.Random(args.seed).shuffle(seqs)
@@ -714,7 +866,7 @@ def data_main(args: argparse.Namespace) -> int:
             raise SystemExit(f"--extend: {out} holds no dataset to extend (no manifest.json)")
         record = {"sources": args.source, "seed": args.seed, "num_prompts": args.num_prompts,
                   "skip_prompts": args.skip_prompts, "num_code": args.num_code, "num_functions": args.num_functions,
-                  "num_maths": args.num_maths, "label_dtype": args.dtype}
+                  "num_maths": args.num_maths, "num_chat": args.num_chat, "label_dtype": args.dtype}
         added = extend_sequences(out, collect_sequences(args, target, tokenizer, out), record)
         print(f"[data] --extend: {added} new sequences appended to {out}")
     elif not (out / "manifest.json").exists():
@@ -722,7 +874,7 @@ def data_main(args: argparse.Namespace) -> int:
         manifest = {
             "target": args.target, "sources": args.source, "seed": args.seed, "max_len": args.max_len,
             "max_prompt": args.max_prompt, "num_prompts": args.num_prompts, "skip_prompts": args.skip_prompts,
-            "num_code": args.num_code, "num_functions": args.num_functions, "num_maths": args.num_maths,
+            "num_code": args.num_code, "num_functions": args.num_functions, "num_maths": args.num_maths, "num_chat": args.num_chat,
             "max_new_tokens": args.max_new_tokens, "do_sample": args.do_sample,
             "label_dtype": args.dtype, "labels": "argmax of the target's next-token distribution at each position",
             "vocab_size": target.config.get_text_config().vocab_size,
@@ -744,13 +896,15 @@ def add_data_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="comma-separated: sharegpt, stdlib, pyfunc, jsonl:PATH (label existing text); regen-sharegpt, "
                         "regen-stdlib, regen-pyfunc, regen-jsonl:PATH (the same prompts, the target regenerates the "
                         "responses; pyfunc: HumanEval-shaped 'complete this function' tasks from the standard "
-                        "library); regen-maths (synthetic MATH-style problems, prompts only, answered by the target); "
+                        "library); regen-maths (synthetic MATH-style problems) and regen-chat (chat requests in MT-Bench's "
+                        "eight categories): prompts only, answered by the target; "
                         "dataset:PATH (the sequences of another dataset folder, relabelled: mix sets with --extend)")
     p.add_argument("--num-prompts", type=int, default=1000, help="ShareGPT/jsonl conversations per source")
-    p.add_argument("--skip-prompts", type=int, default=0, help="skip the first N ShareGPT conversations")
+    p.add_argument("--skip-prompts", type=int, default=0, help="skip the first N ShareGPT conversations / maths problems / chat requests")
     p.add_argument("--num-code", type=int, default=400, help="stdlib code chunks")
     p.add_argument("--num-functions", type=int, default=400, help="stdlib function tasks (pyfunc sources)")
     p.add_argument("--num-maths", type=int, default=1000, help="synthetic MATH-style problems (regen-maths)")
+    p.add_argument("--num-chat", type=int, default=1000, help="chat requests in MT-Bench's categories (regen-chat)")
     p.add_argument("--max-len", type=int, default=512)
     p.add_argument("--max-prompt", type=int, default=256)
     p.add_argument("--max-new-tokens", type=int, default=256, help="regeneration length")
@@ -1840,6 +1994,7 @@ SOURCE_DESCRIPTIONS = {
                      "target itself"),
     "regen-jsonl": "a jsonl file's prompts answered by the target itself",
     "regen-maths": "synthetic MATH-style problems (31 template families, random numbers) answered by the target itself",
+    "regen-chat": "chat requests in MT-Bench's eight categories (drawn from word lists) answered by the target itself",
     "dataset": "the sequences of another dataset folder",
 }
 
@@ -1864,7 +2019,11 @@ def describe_sources(record: dict) -> str:
         elif kind.endswith("pyfunc"):
             text += f" (up to {record.get('num_functions')} functions)"
         elif kind.endswith("maths"):
-            text += f" (up to {record.get('num_maths')} problems, seed {record.get('seed')})"
+            skipped = f", after the first {record['skip_prompts']}" if record.get("skip_prompts") else ""
+            text += f" (up to {record.get('num_maths')} problems, seed {record.get('seed')}{skipped})"
+        elif kind.endswith("chat"):
+            skipped = f", after the first {record['skip_prompts']}" if record.get("skip_prompts") else ""
+            text += f" (up to {record.get('num_chat')} requests, seed {record.get('seed')}{skipped})"
         parts.append(text)
     return "; ".join(parts)
 

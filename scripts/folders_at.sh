@@ -14,3 +14,5 @@ THIRD_RUN=8fcbcce
 FOURTH_RUN=98625d6
 # The fifth run's (shipped at this commit): where the sixth run starts.
 FIFTH_RUN=4c8f9e1
+# The sixth run's (shipped at this commit): where the seventh run starts.
+SIXTH_RUN=d2f5499

@@ -26,6 +26,12 @@
 #   bash scripts/train_smollm2.sh continue6 # sixth run: each shipped (fifth-run) drafter continues on it
 #   bash scripts/train_smollm2.sh tau6      # the sixth run's tau on 24 prompts per set, at the shipped settings
 #   bash scripts/train_smollm2.sh ship6     # ship the sixth run's drafters
+#   bash scripts/train_smollm2.sh maths2    # seventh run's data: 1,600 more maths problems (after the sixth run's 1,200)
+#   bash scripts/train_smollm2.sh chat      # seventh run's data: chat requests in MT-Bench's categories, target-answered
+#   bash scripts/train_smollm2.sh mix7      # seventh run's data: mix6 + both (relabelled)
+#   bash scripts/train_smollm2.sh continue7 # seventh run: each shipped (sixth-run) drafter continues on it
+#   bash scripts/train_smollm2.sh tau7      # the seventh run's tau on 24 prompts per set, at the shipped settings
+#   bash scripts/train_smollm2.sh ship7     # ship the seventh run's drafters
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +43,7 @@ MIX_CACHE=${HF_XPRESS_MIX_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-mix-
 REGEN_CACHE=${HF_XPRESS_REGEN_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-regen-L1-14-27}
 MIX5_CACHE=${HF_XPRESS_MIX5_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-mix5-L1-14-27}
 MIX6_CACHE=${HF_XPRESS_MIX6_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-mix6-L1-14-27}
+MIX7_CACHE=${HF_XPRESS_MIX7_FEATURES:-$HOME/.cache/hf_xpress/features/smollm2-mix7-L1-14-27}
 
 # Same drafter, data and budget for the three runs; only --refiner differs.
 COMMON=(--target "$TARGET" --data "$DATA" --feature-cache "$CACHE"
@@ -104,15 +111,17 @@ continue_shipped() {
   wait
 }
 
-# extend_mix FROM TO DATASET SEED CACHE: TO = FROM (its committed labels kept) + every sequence of DATASET, relabelled
-# by the bf16 forward that also fills the feature cache CACHE (for the whole of TO). Resumable.
+# extend_mix FROM TO SEED CACHE DATASET...: TO = FROM (its committed labels kept) + every sequence of each DATASET,
+# relabelled by the bf16 forward that also fills the feature cache CACHE (for the whole of TO). Resumable.
 extend_mix() {
-  local from=$1 to=$2 dataset=$3 seed=$4 cache=$5
+  local from=$1 to=$2 seed=$3 cache=$4 sources
+  shift 4
+  sources=$(printf 'dataset:%s,' "$@")
   if [[ ! -f "$to/manifest.json" ]]; then
     mkdir -p "$to"
     cp "$from"/*.npy "$from/manifest.json" "$to/"
   fi
-  hf-xpress data --target "$TARGET" --extend --source "dataset:$dataset" --seed "$seed" --dtype bfloat16 \
+  hf-xpress data --target "$TARGET" --extend --source "${sources%,}" --seed "$seed" --dtype bfloat16 \
     --out "$to" --layer-ids "$LAYER_IDS" --feature-cache "$cache" --threads 2
 }
 
@@ -249,7 +258,7 @@ PY
     # Fifth run's data: the fourth run's mix (its committed labels kept) + every sequence of data/smollm2-pyfunc
     # (relabelled by the same bf16 forward that fills the feature cache). The held-out split (every 25th sequence, the
     # first 48 used) lies inside the mix's prefix, so held-out figures compare with the fourth run's.
-    extend_mix data/smollm2-mix data/smollm2-mix5 data/smollm2-pyfunc 4 "$MIX5_CACHE"
+    extend_mix data/smollm2-mix data/smollm2-mix5 4 "$MIX5_CACHE" data/smollm2-pyfunc
     ;;
   continue5)
     # Fifth run: each shipped drafter (fourth run) continues on mix5.
@@ -274,7 +283,7 @@ PY
   mix6)
     # Sixth run's data: mix5 (its labels kept) + every sequence of data/smollm2-maths (relabelled by the bf16 forward
     # that also fills the feature cache). Held-out split as before (inside the fourth run's mix).
-    extend_mix data/smollm2-mix5 data/smollm2-mix6 data/smollm2-maths 6 "$MIX6_CACHE"
+    extend_mix data/smollm2-mix5 data/smollm2-mix6 6 "$MIX6_CACHE" data/smollm2-maths
     ;;
   continue6)
     # Sixth run: each shipped drafter (fifth run) continues on mix6.
@@ -285,6 +294,31 @@ PY
     ;;
   ship6)
     ship -6 final
+    ;;
+  maths2)
+    # Seventh run's data: the maths problems lifted MATH-500 most (sixth run); 1,600 more of the same families and
+    # seed, after the 1,200 of data/smollm2-maths (so none repeats one of them).
+    hf-xpress data --target "$TARGET" --source regen-maths --num-maths 1600 --skip-prompts 1200 --seed 5 \
+      --dtype bfloat16 --max-new-tokens 256 --batch-size 16 --out data/smollm2-maths2 --threads 2
+    ;;
+  chat)
+    # Seventh run's data: MT-Bench moved least in every run. Chat requests in its eight categories
+    # (hf_xpress.training.chat_tasks, drawn from our own word lists, never a benchmark question), answered by the target.
+    hf-xpress data --target "$TARGET" --source regen-chat --num-chat "${NUM_CHAT:-1200}" --seed 7 --dtype bfloat16 \
+      --max-new-tokens 256 --batch-size 16 --out data/smollm2-chat --threads 2
+    ;;
+  mix7)
+    extend_mix data/smollm2-mix6 data/smollm2-mix7 7 "$MIX7_CACHE" data/smollm2-maths2 data/smollm2-chat
+    ;;
+  continue7)
+    # Seventh run: each shipped drafter (sixth run) continues on mix7.
+    continue_shipped -7 data/smollm2-mix7 "$MIX7_CACHE" "$(folders_at "$SIXTH_RUN")"
+    ;;
+  tau7)
+    measure -7 24 "$REF24" final
+    ;;
+  ship7)
+    ship -7 final
     ;;
   lora)
     # Part 5: attach xPress to the trained dFlash drafter (LoRA r=16 on its layers and fc, refiner trained fully).

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -555,13 +556,44 @@ def test_synthetic_maths_problems_are_seeded_unique_math500_style_prompts_and_no
     with open(packaged_file(MMATH_FILE), encoding="utf-8") as f:
         benchmark = {row["question"].strip() for row in json.load(f)}
     assert not benchmark & set(questions)  # never a benchmark prompt
-    # label mode needs responses: the problems are prompts only, answered by the target (regen-maths)
-    args = argparse.Namespace(source="maths", num_maths=3, seed=0, max_len=512, max_prompt=256)
-    with pytest.raises(ValueError, match="label mode needs a response; use regen-maths"):
-        T.collect_sequences(args, None, None, Path("."))
     assert T.describe_sources({"sources": "regen-maths", "num_maths": 1000, "seed": 5}) == (
         "synthetic MATH-style problems (31 template families, random numbers) answered by the target itself "
         "(up to 1000 problems, seed 5)")
+
+
+@pytest.mark.parametrize("kind", ["maths", "chat"])
+def test_prompt_only_sources_refuse_label_mode(kind):
+    """The synthetic problems and requests have no responses: the target answers them (regen-KIND)."""
+    args = argparse.Namespace(source=kind, num_maths=3, num_chat=3, seed=0, skip_prompts=0, max_len=512, max_prompt=256)
+    with pytest.raises(ValueError, match=f"label mode needs a response; use regen-{kind}"):
+        T.collect_sequences(args, None, None, Path("."))
+
+
+def test_skip_extends_a_synthetic_set_with_new_distinct_prompts():
+    for draw in (T.maths_problems, T.chat_tasks):
+        first, more = list(draw(40, seed=3)), list(draw(25, seed=3, skip=40))
+        assert first + more == list(draw(65, seed=3))  # the same ids and prompts as one longer draw
+        assert not {m[0]["content"] for _, m in first} & {m[0]["content"] for _, m in more}
+    assert T.describe_sources({"sources": "regen-maths", "num_maths": 1600, "seed": 5, "skip_prompts": 1200}).endswith(
+        "(up to 1600 problems, seed 5, after the first 1200)")
+
+
+def test_synthetic_chat_requests_cover_mtbench_categories_and_are_never_its_questions():
+    from hf_xpress.assets import _mtbench_rows
+
+    tasks = list(T.chat_tasks(1200, seed=7))
+    requests = [m[0]["content"] for _, m in tasks]
+    assert len(set(requests)) == 1200 and all(len(m) == 1 and m[0]["role"] == "user" for _, m in tasks)
+    assert tasks[:30] == list(T.chat_tasks(30, seed=7)) and tasks[:30] != list(T.chat_tasks(30, seed=8))
+    rows = list(_mtbench_rows())
+    families = Counter(ident.split("/")[1] for ident, _ in tasks)
+    assert set(families) == {row["category"] for row in rows}  # MT-Bench's eight categories, by its own names
+    assert min(families.values()) >= 100  # none starved by another's larger word lists
+    benchmark = {turn.strip() for row in rows for turn in row["turns"]}
+    assert not benchmark & set(requests)  # never a benchmark question
+    assert T.describe_sources({"sources": "regen-chat", "num_chat": 1200, "seed": 7}) == (
+        "chat requests in MT-Bench's eight categories (drawn from word lists) answered by the target itself "
+        "(up to 1200 requests, seed 7)")
 
 
 def test_dataset_sources_are_described_with_their_ranges(tmp_path):

@@ -1801,6 +1801,7 @@ def tau_main(args: argparse.Namespace) -> int:
     drafter = XPressDrafterModel.from_pretrained(args.drafter, dtype=torch.float32).eval()
     if args.passes is not None:
         drafter.config.jacobi_passes = args.passes
+    apply_inference_settings(drafter.config, args.set or [])
     res = measure_tau(target, tokenizer, drafter, sets, args.limit, args.max_new_tokens, reference)
     c = drafter.config  # every inference setting the figures depend on (the drafter's own defaults are used)
     res["_setup"] = {"drafter": args.drafter, "refiner": c.refiner, "target": args.target, "target_dtype": "float32",
@@ -1823,6 +1824,9 @@ def add_tau_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=10)
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--passes", type=int, default=None, help="Jacobi passes (default: the drafter's config)")
+    p.add_argument("--set", action="append", help="override an inference setting of the drafter's config, "
+                   f"KEY=JSON_VALUE (repeatable; KEY one of {', '.join(INFERENCE_SETTINGS)}), e.g. "
+                   "num_assistant_tokens=15 to verify the whole block")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None)
     p.set_defaults(func=tau_main)
@@ -2066,17 +2070,32 @@ def _set_draft_vocab(folder: Path, choice: str, cfg: dict) -> str:
             "`drafter.set_draft_vocab(None)` drafts over the whole vocabulary.\n")
 
 
+def apply_inference_settings(config: XPressDrafterConfig, assignments: list[str]) -> None:
+    """Set `KEY=VALUE` inference settings (`--set`; JSON values, KEY in `INFERENCE_SETTINGS`) on `config`, checked;
+    on a bad value `config` is left as it was."""
+    before = {name: getattr(config, name) for name in INFERENCE_SETTINGS}
+    try:
+        for item in assignments:
+            key, sep, value = item.partition("=")
+            if not sep or key not in INFERENCE_SETTINGS:
+                raise ValueError(f"--set takes KEY=VALUE with KEY one of {INFERENCE_SETTINGS}, got {item!r}")
+            try:
+                setattr(config, key, json.loads(value))
+            except json.JSONDecodeError:
+                raise ValueError(f"--set {item!r}: the value must be JSON (a number, true/false or null)") from None
+        config.validate_xpress()
+    except ValueError:
+        for name, value in before.items():
+            setattr(config, name, value)
+        raise
+
+
 def _set_inference_defaults(folder: Path, assignments: list[str]) -> str:
     """Apply `KEY=VALUE` inference settings (JSON values) to the shipped config; returns the model-card line."""
     if not assignments:
         return ""
     config = XPressDrafterConfig.from_pretrained(folder)
-    for item in assignments:
-        key, sep, value = item.partition("=")
-        if not sep or key not in INFERENCE_SETTINGS:
-            raise ValueError(f"--set takes KEY=VALUE with KEY one of {INFERENCE_SETTINGS}, got {item!r}")
-        setattr(config, key, json.loads(value))
-    config.validate_xpress()
+    apply_inference_settings(config, assignments)
     config.save_pretrained(folder)
     chosen = ", ".join(f"`{a}`" for a in assignments)
     return f"- **Inference defaults** set in `config.json` (measured in the repository's benchmarks): {chosen}.\n"

@@ -49,6 +49,10 @@ def test_from_target_derives_every_target_field(target):
         (dict(num_assistant_tokens=0), "num_assistant_tokens must be None or in"),
         (dict(num_assistant_tokens_schedule="adaptive"), "num_assistant_tokens_schedule must be one of"),
         (dict(assistant_confidence_threshold=1.0), r"assistant_confidence_threshold must be in \[0, 1\)"),
+        (dict(assistant_confidence_threshold=None), "assistant_confidence_threshold must be int or float, got None"),
+        (dict(jacobi_passes="2"), "jacobi_passes must be int, got '2'"),
+        (dict(jacobi_early_stop=1), "jacobi_early_stop must be bool, got 1"),
+        (dict(num_assistant_tokens=True), "num_assistant_tokens must be int or None, got True"),
     ],
 )
 def test_config_rejects_inconsistent_fields(kwargs, message):

@@ -673,6 +673,25 @@ def test_heldout_drafting_in_chunks_gives_the_same_estimate(tmp_path, refiner):
     assert len(whole["slot_acc"]) == 3 and whole["tau_est"] >= 1.0
 
 
+def test_tau_set_overrides_inference_settings_with_clear_errors():
+    config = XPressDrafterModel.from_target(tiny_llama(), refiner="xpress", num_hidden_layers=1, mask_token_id=V - 1,
+                                            refiner_rank=8, block_size=4).config
+    T.apply_inference_settings(config, ["num_assistant_tokens=3", "assistant_confidence_threshold=0"])
+    assert config.num_assistant_tokens == 3 and config.assistant_confidence_threshold == 0
+    with pytest.raises(ValueError, match="assistant_confidence_threshold must be int or float, got None"):
+        T.apply_inference_settings(config, ["assistant_confidence_threshold=null"])
+    with pytest.raises(ValueError, match="--set takes KEY=VALUE with KEY one of"):
+        T.apply_inference_settings(config, ["hidden_size=8"])
+    with pytest.raises(ValueError, match="the value must be JSON"):
+        T.apply_inference_settings(config, ["jacobi_early_stop=yes"])
+    with pytest.raises(ValueError, match="num_assistant_tokens must be None or in"):
+        T.apply_inference_settings(config, ["num_assistant_tokens=4"])  # more drafts than the block's 3
+    assert config.num_assistant_tokens == 3 and config.assistant_confidence_threshold == 0  # unchanged by the errors
+    parser = argparse.ArgumentParser()
+    T.add_tau_parser(parser.add_subparsers())
+    assert parser.parse_args(["tau", "--set", "num_assistant_tokens=15"]).set == ["num_assistant_tokens=15"]
+
+
 def test_measure_tau_is_lossless_and_pools_rounds(monkeypatch):
     from hf_xpress import assets
 

@@ -144,6 +144,15 @@ class XPressDrafterConfig(PreTrainedConfig):
 
     def validate_xpress(self) -> None:
         """Raise a `ValueError` naming the first inconsistent field."""
+        # Types first (a config.json edited by hand, `--set`): the range checks below would fail inside Python.
+        for name, kinds in (("jacobi_passes", (int,)), ("jacobi_early_stop", (bool,)), ("refiner_shortlist", (int, None)),
+                            ("num_assistant_tokens", (int, None)), ("assistant_confidence_threshold", (int, float)),
+                            ("draft_vocab_size", (int, None))):
+            value = getattr(self, name)
+            if not any(value is None if k is None else isinstance(value, k) and (k is bool) == isinstance(value, bool)
+                       for k in kinds):
+                expected = " or ".join("None" if k is None else k.__name__ for k in kinds)
+                raise ValueError(f"XPressDrafterConfig: {name} must be {expected}, got {value!r}.")
         if self.hidden_size != self.target_hidden_size:
             raise ValueError(
                 f"XPressDrafterConfig: hidden_size ({self.hidden_size}) must equal target_hidden_size "

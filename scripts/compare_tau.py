@@ -5,7 +5,9 @@
 Prints, per set and pooled over the sets, tau = accepted drafts / rounds + 1 over the first N prompts of each file
 (default: all the prompts every file has), with a standard error from the spread between prompts (prompts are
 the sampling unit: rounds within one prompt are not independent), and the paired difference of each file from the
-first one over the same prompts. Files measured at different inference settings are flagged.
+first one over the same prompts. Files measured at different inference settings are flagged. A second table gives
+each file's per-slot acceptance over all its prompts: how often slot k's draft was accepted, and how often given that
+slot k - 1's was (the refiners condition slot k on the drafts before it; slot 1 follows the verified anchor).
 """
 
 from __future__ import annotations
@@ -78,6 +80,24 @@ def main() -> None:
                   f"{diff:+.3f} +- {paired_se(first, everything):.3f}" if f != args.files[0] else "-"]
         ident = sum(p["identical"] for p in everything)
         print(f"| {Path(f).name} ({ident}/{len(everything)} identical) | " + " | ".join(cells) + " |")
+    print_slots(args.files, runs, sets)
+
+
+def print_slots(files: list[str], runs: list[dict], sets: list[str], most: int = 4) -> None:
+    """Per file, pooled over `sets` (all of each set's prompts): P(slot k accepted) and P(slot k | slot k - 1), for
+    the slots up to the last one any file accepted (at most `most`)."""
+    slots = min(most, max(max((k + 1 for k, a in enumerate(r[s]["slot_acceptance"]) if a > 0), default=1)
+                          for r in runs for s in sets))
+    print("\n| file (all prompts) | " + " | ".join(f"slot {k + 1}" for k in range(slots)) + " |")
+    print("|" + "---|" * (slots + 1))
+    for f, r in zip(files, runs):
+        rounds = sum(r[s]["rounds"] for s in sets)
+        hits = [sum(r[s]["slot_acceptance"][k] * r[s]["rounds"] for s in sets) if k < len(r[sets[0]]["slot_acceptance"])
+                else 0.0 for k in range(slots)]
+        cells = [f"{hits[0] / rounds:.3f}"] + [
+            f"{hits[k] / rounds:.3f} ({hits[k] / hits[k - 1]:.2f} given slot {k})" if hits[k - 1] else "0"
+            for k in range(1, slots)]
+        print(f"| {Path(f).name} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@
 #   bash scripts/results_smollm2.sh run5-lookup-t1  # ... and at T = 1
 #   bash scripts/results_smollm2.sh fp32-lookup  # fp32, greedy: ours with prompt lookup first, exactness (fails on a mismatch)
 #   bash scripts/results_smollm2.sh run6-speed  # the sixth run's drafters (shipped in the eleventh session), greedy, with and without lookup
+#   bash scripts/results_smollm2.sh run7-speed  # the seventh run's drafters (shipped in the twelfth session), the same
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -119,6 +120,9 @@ case "${1:-all}" in
     ;;
   run6-speed)
     speed results/smollm2-bf16-run6-speed "${D[@]}" --with-lookup off,on
+    ;;
+  run7-speed)
+    speed results/smollm2-bf16-run7-speed "${D[@]}" --with-lookup off,on
     ;;
   run5-lookup-t1)
     shipped_bench results/smollm2-bf16-run5-lookup-t1 "${D[@]}" --temperature 1 --with-lookup off,on

@@ -32,6 +32,7 @@
 #   bash scripts/train_smollm2.sh continue7 # seventh run: each shipped (sixth-run) drafter continues on it
 #   bash scripts/train_smollm2.sh tau7      # the seventh run's tau on 24 prompts per set, at the shipped settings
 #   bash scripts/train_smollm2.sh ship7     # ship the seventh run's drafters
+#   bash scripts/train_smollm2.sh tau7-block # the seventh run's tau with every draft of the block verified
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -319,6 +320,17 @@ PY
     ;;
   ship7)
     ship -7 final
+    ;;
+  tau7-block)
+    # As tau7, but every draft of the block submitted (15 per round, no confidence threshold), as the papers measure
+    # tau: the shipped 2 drafts per round are what pays on this CPU, but they cap tau at 3 and hide how far the
+    # refiners carry a block.
+    for refiner in none markov xpress; do
+      python -m hf_xpress.training tau --drafter "runs/smollm2-$refiner-7/final" --reference "$REF24" \
+        --sets humaneval,mtbench,math500 --limit "${LIMIT:-24}" --threads 1 --set num_assistant_tokens=15 \
+        --set assistant_confidence_threshold=0 --out "results/training/tau-$refiner-7-block.json" &
+    done
+    wait
     ;;
   lora)
     # Part 5: attach xPress to the trained dFlash drafter (LoRA r=16 on its layers and fc, refiner trained fully).

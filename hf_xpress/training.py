@@ -1799,9 +1799,8 @@ def tau_main(args: argparse.Namespace) -> int:
     if args.drafter is None:
         return 0
     drafter = XPressDrafterModel.from_pretrained(args.drafter, dtype=torch.float32).eval()
-    if args.passes is not None:
-        drafter.config.jacobi_passes = args.passes
-    apply_inference_settings(drafter.config, args.set or [])
+    passes = [] if args.passes is None else [f"jacobi_passes={args.passes}"]
+    apply_inference_settings(drafter.config, passes + (args.set or []))
     res = measure_tau(target, tokenizer, drafter, sets, args.limit, args.max_new_tokens, reference)
     c = drafter.config  # every inference setting the figures depend on (the drafter's own defaults are used)
     res["_setup"] = {"drafter": args.drafter, "refiner": c.refiner, "target": args.target, "target_dtype": "float32",
@@ -2003,6 +2002,10 @@ SOURCE_DESCRIPTIONS = {
 }
 
 
+# The synthetic prompt sources: the manifest field that counts them, and what they are called.
+SYNTHETIC_COUNTS = {"maths": ("num_maths", "problems"), "chat": ("num_chat", "requests")}
+
+
 def describe_sources(record: dict) -> str:
     """What a dataset manifest's (or extension's) `sources` hold, in words, with the ShareGPT / stdlib ranges used.
     A `dataset:PATH` source is described by that folder's own manifest where it is present."""
@@ -2022,12 +2025,10 @@ def describe_sources(record: dict) -> str:
             text += f" (up to {record.get('num_code')} chunks)"
         elif kind.endswith("pyfunc"):
             text += f" (up to {record.get('num_functions')} functions)"
-        elif kind.endswith("maths"):
+        elif kind.removeprefix("regen-") in SYNTHETIC_COUNTS:
+            count, unit = SYNTHETIC_COUNTS[kind.removeprefix("regen-")]
             skipped = f", after the first {record['skip_prompts']}" if record.get("skip_prompts") else ""
-            text += f" (up to {record.get('num_maths')} problems, seed {record.get('seed')}{skipped})"
-        elif kind.endswith("chat"):
-            skipped = f", after the first {record['skip_prompts']}" if record.get("skip_prompts") else ""
-            text += f" (up to {record.get('num_chat')} requests, seed {record.get('seed')}{skipped})"
+            text += f" (up to {record.get(count)} {unit}, seed {record.get('seed')}{skipped})"
         parts.append(text)
     return "; ".join(parts)
 

@@ -61,13 +61,16 @@ SHIPPED3=$(folders_at "$THIRD_RUN")
 # Each run's refiner and the folder it ships to: runs/smollm2-REFINER* -> drafters/smollm2-135m-FOLDER-b16.
 declare -A FOLDER=([none]=dflash [markov]=markov [xpress]=xpress)
 
-# measure SUFFIX [LIMIT REFERENCE CHECKPOINT]: tau of runs/smollm2-{none,markov,xpress}SUFFIX/CHECKPOINT (default
-# best), in parallel, on the first LIMIT prompts of each set (default 6).
+# measure SUFFIX [LIMIT REFERENCE CHECKPOINT TAG TAU-ARGS...]: tau of runs/smollm2-{none,markov,xpress}SUFFIX/CHECKPOINT
+# (default best), in parallel, on the first LIMIT prompts of each set (default 6), into
+# results/training/tau-REFINERSUFFIXTAG.json; TAU-ARGS (e.g. --set KEY=VALUE) go to each `tau` command.
 measure() {
-  local suffix=$1 limit=${2:-6} ref=${3:-$REF} checkpoint=${4:-best} refiner
+  local suffix=$1 limit=${2:-6} ref=${3:-$REF} checkpoint=${4:-best} tag=${5:-} refiner
+  local extra=("${@:6}")
   for refiner in none markov xpress; do
     python -m hf_xpress.training tau --drafter "runs/smollm2-$refiner$suffix/$checkpoint" --reference "$ref" \
-      --sets humaneval,mtbench,math500 --limit "$limit" --threads 1 --out "results/training/tau-$refiner$suffix.json" &
+      --sets humaneval,mtbench,math500 --limit "$limit" --threads 1 ${extra[@]+"${extra[@]}"} \
+      --out "results/training/tau-$refiner$suffix$tag.json" &
   done
   wait
 }
@@ -325,12 +328,7 @@ PY
     # As tau7, but every draft of the block submitted (15 per round, no confidence threshold), as the papers measure
     # tau: the shipped 2 drafts per round are what pays on this CPU, but they cap tau at 3 and hide how far the
     # refiners carry a block.
-    for refiner in none markov xpress; do
-      python -m hf_xpress.training tau --drafter "runs/smollm2-$refiner-7/final" --reference "$REF24" \
-        --sets humaneval,mtbench,math500 --limit "${LIMIT:-24}" --threads 1 --set num_assistant_tokens=15 \
-        --set assistant_confidence_threshold=0 --out "results/training/tau-$refiner-7-block.json" &
-    done
-    wait
+    measure -7 "${LIMIT:-24}" "$REF24" final -block --set num_assistant_tokens=15 --set assistant_confidence_threshold=0
     ;;
   lora)
     # Part 5: attach xPress to the trained dFlash drafter (LoRA r=16 on its layers and fc, refiner trained fully).

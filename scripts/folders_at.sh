@@ -16,3 +16,5 @@ FOURTH_RUN=98625d6
 FIFTH_RUN=4c8f9e1
 # The sixth run's (shipped at this commit): where the seventh run starts.
 SIXTH_RUN=d2f5499
+# The seventh run's (shipped at this commit): where the eighth run starts.
+SEVENTH_RUN=dbe108d

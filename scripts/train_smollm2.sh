@@ -33,6 +33,8 @@
 #   bash scripts/train_smollm2.sh tau7      # the seventh run's tau on 24 prompts per set, at the shipped settings
 #   bash scripts/train_smollm2.sh ship7     # ship the seventh run's drafters
 #   bash scripts/train_smollm2.sh tau7-block # the seventh run's tau with every draft of the block verified
+#   bash scripts/train_smollm2.sh continue8 # eighth run: the seventh run's folders continue longer on the same data
+#   bash scripts/train_smollm2.sh tau8      # the eighth run's tau on 24 prompts per set, at the shipped settings
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,11 +65,12 @@ declare -A FOLDER=([none]=dflash [markov]=markov [xpress]=xpress)
 
 # measure SUFFIX [LIMIT REFERENCE CHECKPOINT TAG TAU-ARGS...]: tau of runs/smollm2-{none,markov,xpress}SUFFIX/CHECKPOINT
 # (default best), in parallel, on the first LIMIT prompts of each set (default 6), into
-# results/training/tau-REFINERSUFFIXTAG.json; TAU-ARGS (e.g. --set KEY=VALUE) go to each `tau` command.
+# results/training/tau-REFINERSUFFIXTAG.json; TAU-ARGS (e.g. --set KEY=VALUE) go to each `tau` command. REFINERS (e.g.
+# REFINERS=none) measures only those runs: one can start as soon as its run has finished.
 measure() {
   local suffix=$1 limit=${2:-6} ref=${3:-$REF} checkpoint=${4:-best} tag=${5:-} refiner
   local extra=("${@:6}")
-  for refiner in none markov xpress; do
+  for refiner in ${REFINERS:-none markov xpress}; do
     python -m hf_xpress.training tau --drafter "runs/smollm2-$refiner$suffix/$checkpoint" --reference "$ref" \
       --sets humaneval,mtbench,math500 --limit "$limit" --threads 1 ${extra[@]+"${extra[@]}"} \
       --out "results/training/tau-$refiner$suffix$tag.json" &
@@ -329,6 +332,17 @@ PY
     # tau: the shipped 2 drafts per round are what pays on this CPU, but they cap tau at 3 and hide how far the
     # refiners carry a block.
     measure -7 "${LIMIT:-24}" "$REF24" final -block --set num_assistant_tokens=15 --set assistant_confidence_threshold=0
+    ;;
+  continue8)
+    # Eighth run: no new data; each shipped drafter (seventh run) continues on mix7 for CONTINUE_STEPS steps (2,400 here,
+    # twice the earlier runs' budget). The feature ablation found the drafters under-trained (slot 1 no better than a
+    # trigram table), and every run so far ended with the held-out estimate still rising: this run measures what
+    # more steps on the same tokens buy. On a new machine `bash scripts/train_smollm2.sh mix7` first (it rebuilds the
+    # feature cache; the labels are committed).
+    CONTINUE_STEPS=${CONTINUE_STEPS:-2400} continue_shipped -8 data/smollm2-mix7 "$MIX7_CACHE" "$(folders_at "$SEVENTH_RUN")"
+    ;;
+  tau8)
+    measure -8 24 "$REF24" final
     ;;
   lora)
     # Part 5: attach xPress to the trained dFlash drafter (LoRA r=16 on its layers and fc, refiner trained fully).

@@ -1266,6 +1266,32 @@ def head_rows(lm_head: torch.nn.Module, vocab: torch.LongTensor) -> torch.Tensor
     return _HEAD_ROWS[key]
 
 
+def grow_layers(drafter: XPressDrafterModel, extra: int) -> XPressDrafterModel:
+    """A copy of `drafter` with `extra` decoder layers appended (before the final norm), each starting as the identity.
+
+    A new layer's attention output projection and MLP down projection are zero, so its residual branches add
+    nothing: the grown drafter drafts exactly as `drafter` does until training moves them (their other weights are
+    freshly initialised, so the gradient reaches them after the first step). Everything else is copied. More capacity
+    without losing what the smaller drafter learned (function-preserving growth, as in Net2Net)."""
+    if extra < 0:
+        raise ValueError(f"grow_layers: cannot remove layers (extra={extra}).")
+    conf = drafter.config.to_dict()
+    conf["num_hidden_layers"] = drafter.config.num_hidden_layers + extra
+    conf["layer_types"] = list(drafter.config.layer_types) + ["full_attention"] * extra
+    grown = XPressDrafterModel(type(drafter.config).from_dict(conf)).to(drafter.fc.weight.dtype)
+    missing, unexpected = grown.load_state_dict(drafter.state_dict(), strict=False)
+    new = {f"layers.{i}." for i in range(drafter.config.num_hidden_layers, conf["num_hidden_layers"])}
+    if unexpected or any(not any(k.startswith(p) for p in new) and not k.endswith("mix.tril") for k in missing):
+        raise ValueError(f"grow_layers: the drafter's weights do not fit the grown model ({missing}, {unexpected}).")
+    with torch.no_grad():
+        for layer in grown.layers[drafter.config.num_hidden_layers :]:
+            for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
+                proj.weight.zero_()
+                if proj.bias is not None:
+                    proj.bias.zero_()
+    return grown
+
+
 # ====================================================================================================================
 # 4. Trainer
 # ====================================================================================================================
@@ -1282,6 +1308,7 @@ class TrainConfig:
     init_drafter: str | None = None  # start from a saved drafter (its layers; a new refiner if `refiner` differs)
     lora: bool = False  # train the drafter through LoRA adapters, the refiner fully (needs init_drafter)
     lora_rank: int = 16
+    grow_layers: int = 0  # append this many identity-initialised decoder layers to init_drafter's (more capacity)
     layers: int = 3
     intermediate_size: int | None = None  # the drafter's MLP width (default: the target's)
     max_sequences: int | None = None  # train on the first N labelled sequences only (default: all)
@@ -1396,7 +1423,7 @@ class Trainer:
                 fresh = XPressDrafterModel(type(base.config).from_dict(conf))
                 fresh.load_state_dict(base.state_dict(), strict=False)
                 base = fresh
-            drafter = base
+            drafter = grow_layers(base, cfg.grow_layers) if cfg.grow_layers else base
         else:
             overrides = dict(num_hidden_layers=cfg.layers, block_size=cfg.block_size, refiner_rank=cfg.refiner_rank)
             if cfg.layer_ids:
@@ -1414,6 +1441,8 @@ class Trainer:
                 keep = torch.zeros(drafter.config.vocab_size, dtype=torch.bool, device=drafter.refiner.w2.weight.device)
                 keep[self.vocab] = True
                 drafter.refiner.w2.weight[~keep] = 0.0
+        if cfg.grow_layers and not cfg.init_drafter:
+            raise ValueError("--grow-layers adds layers to an existing drafter: give --init-drafter")
         if cfg.lora:
             from peft import LoraConfig, get_peft_model
 
@@ -1701,7 +1730,7 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--init-drafter", dest="init_drafter", default=None, help="start from this saved drafter")
     p.add_argument("--lora", action="store_true", help="LoRA on the drafter (needs --init-drafter), refiner trained fully")
     p.add_argument("--lora-rank", dest="lora_rank", type=int, default=d.lora_rank)
-    for name in ("layers", "block_size", "refiner_rank", "train_vocab", "eval_anchors", "anchors_per_seq", "batch_size", "grad_accum", "max_steps",
+    for name in ("layers", "grow_layers", "block_size", "refiner_rank", "train_vocab", "eval_anchors", "anchors_per_seq", "batch_size", "grad_accum", "max_steps",
                  "seed", "heldout_every", "heldout_seqs", "eval_every", "save_every", "threads", "mask_token_id",
                  "stop_after_steps", "intermediate_size", "max_sequences"):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=int, default=getattr(d, name))

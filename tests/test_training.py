@@ -445,6 +445,36 @@ def test_lora_attach_trains_refiner_and_saves_a_plain_drafter(tmp_path):
     assert changed  # the LoRA updates were merged into the drafter's own weights
 
 
+@pytest.mark.parametrize("refiner", ["xpress", None])
+def test_grown_drafter_drafts_as_before_then_trains_its_new_layers(tmp_path, refiner):
+    """--grow-layers: the grown drafter's outputs equal the smaller one's (identity-initialised layers), the run saves
+    the deeper drafter, and its new layers have moved from the identity after training."""
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target)
+    T.Trainer(_cfg(data, tmp_path / "small", refiner=refiner, max_steps=2, eval_every=0), target=target).run()
+    small = XPressDrafterModel.from_pretrained(tmp_path / "small" / "final", dtype=torch.float32).eval()
+    grown = T.grow_layers(small, 2).eval()
+    assert grown.config.num_hidden_layers == 3 and len(grown.config.layer_types) == 3
+    torch.manual_seed(0)
+    embeds, context = torch.randn(2, 4, 64), torch.randn(2, 5, small.fc.in_features)
+    with torch.no_grad():
+        torch.testing.assert_close(grown(embeds, context).last_hidden_state, small(embeds, context).last_hidden_state)
+    for name, value in small.state_dict().items():  # every old weight (and the draft vocabulary) copied
+        torch.testing.assert_close(grown.state_dict()[name], value, msg=name)
+
+    trainer = T.Trainer(_cfg(data, tmp_path / "grown", refiner=refiner, max_steps=3, eval_every=0, grow_layers=2,
+                             init_drafter=str(tmp_path / "small" / "final")), target=target)
+    trainer.run()
+    saved = XPressDrafterModel.from_pretrained(tmp_path / "grown" / "final")
+    assert saved.config.num_hidden_layers == 3
+    assert saved.layers[2].self_attn.o_proj.weight.abs().sum() > 0 and saved.layers[2].mlp.down_proj.weight.abs().sum() > 0
+    with pytest.raises(ValueError, match="--grow-layers adds layers to an existing drafter"):
+        T.Trainer(_cfg(data, tmp_path / "bad", grow_layers=1), target=target)
+    with pytest.raises(ValueError, match="cannot remove layers"):
+        T.grow_layers(small, -1)
+
+
 def test_warm_start_chain_is_recorded_for_the_model_card(tmp_path):
     """Run C starts from B's folder, B from A's: C's history lists A and B (read when C starts, so shipping C over
     B's folder later loses nothing), and the card line gives every run and the totals."""

@@ -22,6 +22,7 @@
 #   bash scripts/results_smollm2.sh fp32-lookup  # fp32, greedy: ours with prompt lookup first, exactness (fails on a mismatch)
 #   bash scripts/results_smollm2.sh run6-speed  # the sixth run's drafters (shipped in the eleventh session), greedy, with and without lookup
 #   bash scripts/results_smollm2.sh run7-speed  # the seventh run's drafters (shipped in the twelfth session), the same
+#   bash scripts/results_smollm2.sh run8-speed  # the eighth run's drafters (thirteenth session), the same + native DFlash
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -55,13 +56,15 @@ wait_quiet() {
 
 # shipped_bench OUT DRAFTER-ARGS... BENCH-ARGS...: the shipped settings only (2 drafts per round, shortlist 64, xPress
 # K = 2 with early stop), page cache dropped and the machine quiet first; results in OUT$SUFFIX (SUFFIX=-xeon keeps
-# another host's run apart).
+# another host's run apart). NATIVE=1 adds transformers' native DFlash path with the dFlash drafter.
 shipped_bench() {
   local out=$1${SUFFIX:-}; shift
+  local native=(--no-native-dflash)
+  [[ -n ${NATIVE:-} ]] && native=()
   drop_caches
   wait_quiet
   hf-xpress bench "$@" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --passes 2 --early-stop on \
-    --shortlist 64 --drafts 2 --no-native-dflash --dtype bfloat16 --threads 2 --out "$out"
+    --shortlist 64 --drafts 2 ${native[@]+"${native[@]}"} --dtype bfloat16 --threads 2 --out "$out"
 }
 # speed OUT DRAFTER-ARGS...: greedy, with and without the confidence threshold. t1: the same at T = 1 (no threshold).
 speed() { shipped_bench "$@" --temperature 0 --confidence 0,0.2; }
@@ -123,6 +126,11 @@ case "${1:-all}" in
     ;;
   run7-speed)
     speed results/smollm2-bf16-run7-speed "${D[@]}" --with-lookup off,on
+    ;;
+  run8-speed)
+    # The eighth run's drafters (shipped in the thirteenth session) as run7-speed, with transformers' native DFlash
+    # path too (the issue's goal: xPress ahead of it).
+    NATIVE=1 speed results/smollm2-bf16-run8-speed "${D[@]}" --with-lookup off,on
     ;;
   run5-lookup-t1)
     shipped_bench results/smollm2-bf16-run5-lookup-t1 "${D[@]}" --temperature 1 --with-lookup off,on

@@ -35,6 +35,7 @@
 #   bash scripts/train_smollm2.sh tau7-block # the seventh run's tau with every draft of the block verified
 #   bash scripts/train_smollm2.sh continue8 # eighth run: the seventh run's folders continue longer on the same data
 #   bash scripts/train_smollm2.sh tau8      # the eighth run's tau on 24 prompts per set, at the shipped settings
+#   bash scripts/train_smollm2.sh ship8     # ship the eighth run's drafters
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -343,6 +344,9 @@ PY
     ;;
   tau8)
     measure -8 24 "$REF24" final
+    ;;
+  ship8)
+    ship -8 final
     ;;
   lora)
     # Part 5: attach xPress to the trained dFlash drafter (LoRA r=16 on its layers and fc, refiner trained fully).

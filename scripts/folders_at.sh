@@ -18,3 +18,5 @@ FIFTH_RUN=4c8f9e1
 SIXTH_RUN=d2f5499
 # The seventh run's (shipped at this commit): where the eighth run starts.
 SEVENTH_RUN=dbe108d
+# The eighth run's (shipped at this commit): where the ninth run and the capacity probe start.
+EIGHTH_RUN=c43fb74

@@ -36,6 +36,7 @@
 #   bash scripts/train_smollm2.sh continue8 # eighth run: the seventh run's folders continue longer on the same data
 #   bash scripts/train_smollm2.sh tau8      # the eighth run's tau on 24 prompts per set, at the shipped settings
 #   bash scripts/train_smollm2.sh ship8     # ship the eighth run's drafters
+#   bash scripts/train_smollm2.sh grow-probe # capacity probe: the eighth run's dFlash drafter at 2 and at 4 layers
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -347,6 +348,20 @@ PY
     ;;
   ship8)
     ship -8 final
+    ;;
+  grow-probe)
+    # Capacity probe before a ninth run: the eighth run's dFlash drafter continues PROBE_STEPS (600) steps on mix7 as it
+    # is (2 layers) and grown to 4 (--grow-layers 2: the new layers start as the identity), side by side, at a low lr
+    # (2e-4: a short run must not spend itself recovering from the re-warmed rate); held-out estimates only.
+    # (the folder is extracted once, before the runs start: two background jobs extracting it at once would race)
+    eighth=$(folders_at "$EIGHTH_RUN")
+    for arm in 0 2; do
+      hf-xpress train "${COMMON[@]}" --data data/smollm2-mix7 --feature-cache "$MIX7_CACHE" --refiner none \
+        --init-drafter "$eighth/smollm2-135m-dflash-b16" --grow-layers "$arm" --lr 2e-4 \
+        --max-steps "${PROBE_STEPS:-600}" --eval-every 200 --heldout-seqs 48 --eval-anchors 24 \
+        --out "runs/smollm2-none-probe-grow$arm" >> "runs/smollm2-none-probe-grow$arm.log" 2>&1 &
+    done
+    wait
     ;;
   lora)
     # Part 5: attach xPress to the trained dFlash drafter (LoRA r=16 on its layers and fc, refiner trained fully).

@@ -1266,6 +1266,16 @@ def head_rows(lm_head: torch.nn.Module, vocab: torch.LongTensor) -> torch.Tensor
     return _HEAD_ROWS[key]
 
 
+def rebuilt(drafter: XPressDrafterModel, **changes) -> tuple[XPressDrafterModel, list[str], list[str]]:
+    """A new drafter of `drafter`'s dtype whose config is `drafter`'s with `changes`, carrying every weight of
+    `drafter` that it still has: (model, its keys `drafter` had no weight for, `drafter`'s keys it has no place for)."""
+    conf = drafter.config.to_dict()
+    conf.update(changes)
+    model = XPressDrafterModel(type(drafter.config).from_dict(conf)).to(drafter.fc.weight.dtype)
+    missing, unexpected = model.load_state_dict(drafter.state_dict(), strict=False)
+    return model, missing, unexpected
+
+
 def grow_layers(drafter: XPressDrafterModel, extra: int) -> XPressDrafterModel:
     """A copy of `drafter` with `extra` decoder layers appended (before the final norm), each starting as the identity.
 
@@ -1275,16 +1285,14 @@ def grow_layers(drafter: XPressDrafterModel, extra: int) -> XPressDrafterModel:
     without losing what the smaller drafter learned (function-preserving growth, as in Net2Net)."""
     if extra < 0:
         raise ValueError(f"grow_layers: cannot remove layers (extra={extra}).")
-    conf = drafter.config.to_dict()
-    conf["num_hidden_layers"] = drafter.config.num_hidden_layers + extra
-    conf["layer_types"] = list(drafter.config.layer_types) + ["full_attention"] * extra
-    grown = XPressDrafterModel(type(drafter.config).from_dict(conf)).to(drafter.fc.weight.dtype)
-    missing, unexpected = grown.load_state_dict(drafter.state_dict(), strict=False)
-    new = {f"layers.{i}." for i in range(drafter.config.num_hidden_layers, conf["num_hidden_layers"])}
-    if unexpected or any(not any(k.startswith(p) for p in new) and not k.endswith("mix.tril") for k in missing):
+    old = drafter.config.num_hidden_layers
+    grown, missing, unexpected = rebuilt(drafter, num_hidden_layers=old + extra,
+                                         layer_types=list(drafter.config.layer_types) + ["full_attention"] * extra)
+    new = tuple(f"layers.{i}." for i in range(old, old + extra))
+    if unexpected or not all(k.startswith(new) for k in missing):
         raise ValueError(f"grow_layers: the drafter's weights do not fit the grown model ({missing}, {unexpected}).")
     with torch.no_grad():
-        for layer in grown.layers[drafter.config.num_hidden_layers :]:
+        for layer in grown.layers[old:]:
             for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
                 proj.weight.zero_()
                 if proj.bias is not None:
@@ -1412,17 +1420,18 @@ class Trainer:
 
     def _build_drafter(self) -> torch.nn.Module:
         cfg = self.cfg
+        if not cfg.init_drafter:  # before any model is built
+            if cfg.grow_layers:
+                raise ValueError("--grow-layers adds layers to an existing drafter: give --init-drafter")
+            if cfg.lora:
+                raise ValueError("--lora attaches a refiner to an existing drafter: give --init-drafter")
         torch.manual_seed(cfg.seed)
         fresh_refiner = True
         if cfg.init_drafter:
             base = XPressDrafterModel.from_pretrained(cfg.init_drafter, dtype=torch.float32)
             fresh_refiner = base.config.refiner != cfg.refiner
             if fresh_refiner:  # attach a fresh refiner of the requested kind
-                conf = base.config.to_dict()
-                conf.update(refiner=cfg.refiner, refiner_rank=cfg.refiner_rank)
-                fresh = XPressDrafterModel(type(base.config).from_dict(conf))
-                fresh.load_state_dict(base.state_dict(), strict=False)
-                base = fresh
+                base, _, _ = rebuilt(base, refiner=cfg.refiner, refiner_rank=cfg.refiner_rank)
             drafter = grow_layers(base, cfg.grow_layers) if cfg.grow_layers else base
         else:
             overrides = dict(num_hidden_layers=cfg.layers, block_size=cfg.block_size, refiner_rank=cfg.refiner_rank)
@@ -1441,13 +1450,9 @@ class Trainer:
                 keep = torch.zeros(drafter.config.vocab_size, dtype=torch.bool, device=drafter.refiner.w2.weight.device)
                 keep[self.vocab] = True
                 drafter.refiner.w2.weight[~keep] = 0.0
-        if cfg.grow_layers and not cfg.init_drafter:
-            raise ValueError("--grow-layers adds layers to an existing drafter: give --init-drafter")
         if cfg.lora:
             from peft import LoraConfig, get_peft_model
 
-            if not cfg.init_drafter:
-                raise ValueError("--lora attaches a refiner to an existing drafter: give --init-drafter")
             lcfg = LoraConfig(r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank, lora_dropout=0.0,
                               target_modules=r".*layers\.\d+\.(self_attn|mlp)\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)|fc",
                               modules_to_save=["refiner"])

@@ -5,6 +5,11 @@ the anchor token, or from the token before it and the anchor, counted on the tra
 
     python scripts/feature_ablation.py [--data data/smollm2-label] [--drafters drafters/smollm2-135m-*-b16]
         [--heldout 24] [--heldout-every 25] [--anchors 8] [--modes true,shuffled,zero] [--out results/feature-ablation.json]
+        [--train-neighbours]
+
+`--train-neighbours` also scores, the same way, the training sequence that follows each held-out one (same part of
+the data, seen in training): a drafter that scores much higher there than on the held-out split is limited by its
+data (it fits what it saw), one that scores the same is limited by capacity or steps.
 
 The held-out split and anchors are the trainer's (every 25th labelled sequence, the first 24; 8 anchors each, seed
 12345); the target runs in float32 on the fly (no feature cache needed).
@@ -95,6 +100,9 @@ def main() -> None:
     ap.add_argument("--heldout-every", type=int, default=25, help="the held-out split of the data's training runs")
     ap.add_argument("--modes", default="true,shuffled,zero", help="features: true, shuffled, zero (comma-separated)")
     ap.add_argument("--out", default="results/feature-ablation.json")
+    ap.add_argument("--train-neighbours", action="store_true",
+                    help="also score the training sequence after each held-out one (fit gap: train vs held-out)")
+    ap.add_argument("--no-ngram", action="store_true", help="skip the n-gram baselines")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     data = Dataset.load(args.data)
@@ -102,14 +110,26 @@ def main() -> None:
     heldout = heldout[: args.heldout]
     report = {"data": args.data, "heldout_sequences": len(heldout), "heldout_every": args.heldout_every,
               "anchors_per_sequence": args.anchors}
-    report["ngram"] = ngram_baselines(data, train, heldout)
-    print("n-gram baselines (slot 1):", json.dumps(report["ngram"]), flush=True)
+    if not args.no_ngram:
+        report["ngram"] = ngram_baselines(data, train, heldout)
+        print("n-gram baselines (slot 1):", json.dumps(report["ngram"]), flush=True)
+    splits = {"heldout": heldout}
+    if args.train_neighbours:
+        in_train = set(train)
+        splits["train"] = [i + 1 for i in heldout if i + 1 in in_train]
+        report["train_sequences"] = len(splits["train"])
     target, _ = load_target(args.target, dtype=torch.float32)
     report["drafters"] = {}
     for path in args.drafters:
         print(path, flush=True)
         drafter = XPressDrafterModel.from_pretrained(path, dtype=torch.float32).eval()
-        report["drafters"][path] = ablations(drafter, target, data, heldout, args.anchors, args.modes.split(","))
+        for split, seqs in splits.items():
+            print(f" {split} ({len(seqs)} sequences)", flush=True)
+            result = ablations(drafter, target, data, seqs, args.anchors, args.modes.split(","))
+            if split == "heldout":
+                report["drafters"][path] = result
+            else:
+                report["drafters"][path + " [train]"] = result
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     print("wrote", args.out)

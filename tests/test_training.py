@@ -68,6 +68,34 @@ def test_position_weights_and_losses_by_hand():
     assert torch.allclose(T.dflash_loss(logits, labels, valid, weights), (ce[0, 0] + 0.5 * ce[0, 1]) / 1.5, atol=1e-6)
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mixed_loss_has_autograd_values_and_gradients(dtype):
+    """The fused CE + TV (one softmax, hand-written backward) against autograd through `slot_ce` and `slot_tv`:
+    same loss, same gradient w.r.t. the logits, also where q == p == 0 (tokens whose probability underflows in both:
+    the |q - p| kink, gradient 0 in both) and for slots the mask drops."""
+    g = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(3, 5, 37, generator=g)).to(dtype)
+    p = torch.softmax(2 * torch.randn(3, 5, 37, generator=g), dim=-1)
+    logits[1, 1, :5], p[1, 1, :5] = -200.0, 0.0  # q == p == 0 there
+    p[1, 1] /= p[1, 1].sum()
+    labels = torch.randint(0, 37, (3, 5), generator=g)
+    valid = torch.rand(3, 5, generator=g) > 0.2
+    weights = T.position_weights(5, gamma=2.0)
+
+    fused_in = logits.clone().requires_grad_()
+    fused = T.mixed_loss(fused_in, p, labels, valid, weights)
+    fused.backward()
+    ref_in = logits.clone().requires_grad_()
+    per = 0.1 * T.slot_ce(ref_in, labels) + 0.9 * T.slot_tv(ref_in, p)
+    ref = T.weighted_mean(per, valid, weights)
+    ref.backward()
+    assert fused.dtype == torch.float32 and fused_in.grad.dtype == dtype
+    assert torch.allclose(fused, ref, atol=1e-6)
+    tol = 1e-7 if dtype == torch.float32 else 1e-3
+    assert torch.allclose(fused_in.grad.float(), ref_in.grad.float(), atol=tol, rtol=1e-3)
+    assert fused_in.grad[~valid].abs().max() == 0  # dropped slots get no gradient
+
 def test_acceptance_estimate():
     correct = torch.tensor([[True, True, False], [True, False, True]])
     valid = torch.ones_like(correct)
@@ -736,3 +764,19 @@ def test_measure_tau_is_lossless_and_pools_rounds(monkeypatch):
     assert res["prompts"] == 2 and res["identical_to_greedy"] == 2
     rounds = sum(p["rounds"] for p in res["per_prompt"])
     assert res["tau"] == pytest.approx(sum(p["accepted"] for p in res["per_prompt"]) / rounds + 1)
+
+
+def test_keep_freed_memory_stops_page_faults_on_reallocation():
+    """After `keep_freed_memory()` a freed 30 MB tensor's pages are reused by the next one of that size (glibc keeps
+    them) instead of being unmapped and faulted in again: what made a CPU training step pay ~50K page faults."""
+    resource = pytest.importorskip("resource")
+    if not T.keep_freed_memory():
+        pytest.skip("not glibc: the allocator setting does not apply")
+    pages = (30 << 20) // 4096
+    for _ in range(2):  # 30 MB: the first ones' pages fault in while the heap grows
+        torch.empty(30 << 18).fill_(1.0)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(10):
+        torch.empty(30 << 18).fill_(1.0)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert faults < pages // 2, f"{faults} page faults for 10 reallocations of {pages} pages"

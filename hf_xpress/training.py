@@ -861,6 +861,8 @@ def data_main(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads or torch.get_num_threads())
     out = Path(args.out)
     target, tokenizer = load_target(args.target, dtype=getattr(torch, args.dtype))
+    if target.device.type == "cpu":
+        keep_freed_memory()  # the labelling forwards' hidden states, as the trainer's score tensors
     if args.extend:
         if not (out / "manifest.json").exists():
             raise SystemExit(f"--extend: {out} holds no dataset to extend (no manifest.json)")

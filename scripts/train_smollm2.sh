@@ -37,6 +37,9 @@
 #   bash scripts/train_smollm2.sh tau8      # the eighth run's tau on 24 prompts per set, at the shipped settings
 #   bash scripts/train_smollm2.sh ship8     # ship the eighth run's drafters
 #   bash scripts/train_smollm2.sh grow-probe # capacity probe: the eighth run's dFlash drafter at 2 and at 4 layers
+#   bash scripts/train_smollm2.sh continue9 # ninth run: the eighth run's folders continue as the eighth run did
+#   bash scripts/train_smollm2.sh tau9      # the ninth run's tau on 24 prompts per set, at the shipped settings
+#   bash scripts/train_smollm2.sh ship9     # ship the ninth run's drafters
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -348,6 +351,19 @@ PY
     ;;
   ship8)
     ship -8 final
+    ;;
+  continue9)
+    # Ninth run: the eighth run's recipe once more (2,400 steps at lr 6e-4 on mix7, from the eighth run's folders). The
+    # fit gap (scripts/feature_ablation.py --train-neighbours) found the eighth-run drafters scoring the same on
+    # training sequences as on held-out ones: not data-bound yet. The trainer's step is faster since (fused CE + TV
+    # loss, glibc keeping freed blocks), so the same budget costs less time.
+    CONTINUE_STEPS=${CONTINUE_STEPS:-2400} continue_shipped -9 data/smollm2-mix7 "$MIX7_CACHE" "$(folders_at "$EIGHTH_RUN")"
+    ;;
+  tau9)
+    measure -9 24 "$REF24" final
+    ;;
+  ship9)
+    ship -9 final
     ;;
   grow-probe)
     # Capacity probe before a ninth run: the eighth run's dFlash drafter continues PROBE_STEPS (600) steps on mix7 as it

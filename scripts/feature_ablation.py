@@ -125,11 +125,8 @@ def main() -> None:
         drafter = XPressDrafterModel.from_pretrained(path, dtype=torch.float32).eval()
         for split, seqs in splits.items():
             print(f" {split} ({len(seqs)} sequences)", flush=True)
-            result = ablations(drafter, target, data, seqs, args.anchors, args.modes.split(","))
-            if split == "heldout":
-                report["drafters"][path] = result
-            else:
-                report["drafters"][path + " [train]"] = result
+            key = path if split == "heldout" else f"{path} [train]"
+            report["drafters"][key] = ablations(drafter, target, data, seqs, args.anchors, args.modes.split(","))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))
     print("wrote", args.out)

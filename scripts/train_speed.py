@@ -1,10 +1,11 @@
-"""Seconds per training step of the SmolLM2 recipe (the eighth run's settings), per refiner, and page faults per step.
+"""Seconds per training step of the shipped SmolLM2 drafters' last run, per refiner, and page faults per step.
 
     python scripts/train_speed.py [--refiners none,markov,xpress] [--steps 8] [--threads 1] [--max-sequences 1344]
         [--feature-cache ~/.cache/hf_xpress/features/smollm2-mix7-L1-14-27] [--no-keep-freed-memory]
 
-Each refiner's shipped drafter continues on `data/smollm2-mix7` from its cached features (a partly built cache works:
-`--max-sequences` at most the sequences it covers) in a throwaway folder: 3 warm-up steps, then the median of `--steps`
+Each refiner's shipped drafter continues with the settings its last run recorded (`training_history.json`: data,
+sizes, batch, lr, mixed precision) from the cached features (a partly built cache works: `--max-sequences` at most
+the sequences it covers) in a throwaway folder: 3 warm-up steps, then the median of `--steps`
 timed `Trainer.train_step()` calls, one refiner after the other in this process. Run it on a quiet machine. To time
 an older trainer, run this file with `PYTHONPATH` set to a checkout of that commit.
 """
@@ -12,6 +13,8 @@ an older trainer, run this file with `PYTHONPATH` set to a checkout of that comm
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import resource
 import statistics
@@ -39,13 +42,13 @@ def main() -> None:
     print(f"torch {torch.__version__}, trainer from {T.__file__}, {args.threads} thread(s), load {os.getloadavg()}")
     for refiner in args.refiners.split(","):
         with tempfile.TemporaryDirectory() as out:
-            cfg = T.TrainConfig(
-                data="data/smollm2-mix7", out=out, refiner=None if refiner == "none" else refiner,
-                init_drafter=f"drafters/smollm2-135m-{FOLDER[refiner]}-b16", layers=2, layer_ids=[1, 14, 27],
-                mask_token_id=16, refiner_rank=128, train_vocab=8192, anchors_per_seq=16, batch_size=4, lr=6e-4,
-                max_steps=2400, mixed_precision="bf16", heldout_every=25, heldout_seqs=48, eval_anchors=24,
-                feature_cache=args.feature_cache, max_sequences=args.max_sequences, threads=args.threads,
-            )
+            folder = f"drafters/smollm2-135m-{FOLDER[refiner]}-b16"
+            recorded = json.loads(open(f"{folder}/training_history.json").read())["config"]
+            known = {f.name for f in dataclasses.fields(T.TrainConfig)}
+            cfg = T.TrainConfig(**{
+                **{k: v for k, v in recorded.items() if k in known}, "out": out, "init_drafter": folder,
+                "feature_cache": args.feature_cache, "max_sequences": args.max_sequences, "threads": args.threads,
+            })
             trainer = T.Trainer(cfg)
             for _ in range(3):
                 trainer.train_step()

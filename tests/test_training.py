@@ -68,7 +68,6 @@ def test_position_weights_and_losses_by_hand():
     assert torch.allclose(T.dflash_loss(logits, labels, valid, weights), (ce[0, 0] + 0.5 * ce[0, 1]) / 1.5, atol=1e-6)
 
 
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_mixed_loss_has_autograd_values_and_gradients(dtype):
     """The fused CE + TV (one softmax, hand-written backward) against autograd through `slot_ce` and `slot_tv`:

@@ -1059,8 +1059,8 @@ def refiner_losses(drafter: XPressDrafterModel, hidden: torch.Tensor, base: torc
     w2 = refiner.w2.weight if vocab is None else refiner.w2.weight[vocab]  # gathered once for all four passes
     tf = mixed_loss(base + refiner_delta(refiner, hidden_part, teacher_prev, vocab, w2), p, y, v, weights)
     to_ids = (lambda i: i) if vocab is None else (lambda i: vocab[i])
-    # argmax of float32 scores: on a CPU a bfloat16 argmax over the vocabulary is several times slower than a float32
-    # one, even with the conversion; the consistency rounds' logits are converted once for their loss and argmax.
+    # argmax of float32 scores: on a CPU faster than a bfloat16 argmax over the vocabulary even with the conversion (a
+    # hand-run profile); the consistency rounds' logits are converted once for their loss and argmax.
     tokens = to_ids(base.detach().float().argmax(-1))
     consistency = []
     for _ in range(rounds):
@@ -1344,7 +1344,7 @@ def keep_freed_memory(max_block: int = 32 << 20) -> bool:
     """Make glibc's malloc keep freed blocks of up to `max_block` bytes (its maximum) instead of returning them to the
     system. A CPU training step allocates and frees tens of `[blocks x slots x vocabulary]` float32 tensors (~30 MB
     each at 64 blocks x 15 slots x 8192 tokens); by default glibc serves each from a fresh `mmap`, whose every page
-    then faults on first write: ~50K page faults, a quarter of the xPress step's time on a 2-core CPU. Returns whether
+    then faults on first write: ~35-46K page faults per step (`scripts/train_speed.py`). Returns whether
     the setting took (False off glibc, e.g. macOS / Windows, where nothing changes)."""
     import ctypes
     import ctypes.util

@@ -1037,14 +1037,17 @@ def markov_delta(head: XPressMarkovHead, prev: torch.LongTensor, cols: torch.Lon
 def refiner_losses(drafter: XPressDrafterModel, hidden: torch.Tensor, base: torch.Tensor, blocks: BlockBatch,
                    weights: torch.Tensor, rounds: int = 3, consistency_weight: float = 0.3,
                    anchor_weight: float = 0.6, vocab: torch.LongTensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """The co-training objective for the drafter's refiner (spec section 6). hidden `[N, B, H]`, base `[N, B-1, V']`
-    (V' = len(vocab) when a training vocabulary `vocab` of token ids is given, else V).
+    """The co-training objective for the drafter's refiner (spec section 6). hidden `[N, B, H]`, base `[N, S, V']`
+    for the labelled slots 1..S (S = B-1, or fewer: `TrainConfig.loss_slots`; the refiner is causal, so a prefix of
+    the block is exact), V' = len(vocab) when a training vocabulary `vocab` of token ids is given, else V.
 
     xPress: `L(s + delta(teacher tokens)) + 0.3 * mean_r L(s + delta(argmax of round r-1)) + 0.6 * L(s)`, round 0
     seeded with `argmax(s)`; tokens fed back are argmaxes (no gradient flows between rounds).
     Markov: `L(s + w2 w1[teacher token at k-1]) + 0.6 * L(s)`. No refiner: dFlash CE.
     """
     p, y, v = blocks.p_target, blocks.labels, blocks.valid
+    S = y.shape[1]
+    weights = weights[:S]
     refiner = active_module(drafter.refiner)
     if refiner is None:
         loss = dflash_loss(base, y, v, weights)
@@ -1054,8 +1057,8 @@ def refiner_losses(drafter: XPressDrafterModel, hidden: torch.Tensor, base: torc
         prev = torch.cat([blocks.anchor_prev[:, 1:], blocks.gold[:, :-1]], dim=1)  # [N, B-1]
         tf = mixed_loss(base + markov_delta(refiner, prev, vocab), p, y, v, weights)
         return tf + anchor_weight * anchor, {"tf": tf.item(), "anchor": anchor.item()}
-    hidden_part = refiner.hidden_part(hidden)
-    teacher_prev = torch.cat([blocks.anchor_prev, blocks.gold[:, :-1]], dim=1)  # [N, B]
+    hidden_part = refiner.hidden_part(hidden)[:, : S + 1]  # the pooled part still averages the whole block
+    teacher_prev = torch.cat([blocks.anchor_prev, blocks.gold[:, :-1]], dim=1)  # [N, S + 1]
     w2 = refiner.w2.weight if vocab is None else refiner.w2.weight[vocab]  # gathered once for all four passes
     tf = mixed_loss(base + refiner_delta(refiner, hidden_part, teacher_prev, vocab, w2), p, y, v, weights)
     to_ids = (lambda i: i) if vocab is None else (lambda i: vocab[i])
@@ -1185,14 +1188,18 @@ def pack_blocks(
     generator: torch.Generator,
     vocab: torch.LongTensor | None = None,
     with_p_target: bool = True,
+    slots: int | None = None,
 ) -> PackedInput:
     """Build one packed forward. seqs: `(tokens [L], labels [L], prompt_len)`; feats: `[L, n*H]`; finals: `[L, H]`
     target final hidden states (their `lm_head` gives p_target). With a training vocabulary `vocab` (`[K]` ids),
     p_target is the target's distribution renormalised over it, labels are indices into it, and slots whose label
     is outside it are not valid. `with_p_target=False` skips p_target (`[N, B-1, 0]`): measuring acceptance needs
-    only the labels, and over a full vocabulary p_target is the largest tensor of the batch."""
+    only the labels, and over a full vocabulary p_target is the largest tensor of the batch. `slots`: label only
+    slots 1..slots of each block (default all B-1; the block itself keeps B tokens)."""
     cfg = drafter.config
-    B, K = cfg.block_size, cfg.block_size - 1
+    B, K = cfg.block_size, cfg.block_size - 1 if slots is None else slots
+    if not 1 <= K <= B - 1:
+        raise ValueError(f"slots must be in 1..{B - 1} (block_size - 1), got {slots}")
     anchors = [choose_anchors(len(t), p, anchors_per_seq, generator) for t, _, p in seqs]
     M = max(1, max(len(a) for a in anchors))
     Lmax = max(len(t) for t, _, _ in seqs)
@@ -1259,10 +1266,11 @@ def drafter_hidden(drafter: XPressDrafterModel, packed: PackedInput) -> torch.Te
 
 def drafter_outputs(drafter: XPressDrafterModel, lm_head: torch.nn.Module, packed: PackedInput,
                     vocab: torch.LongTensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """One drafter forward over the packed blocks -> (hidden `[N, B, H]`, base logits `[N, B-1, V]`, or `[N, B-1, K]`
-    over the training vocabulary `vocab`)."""
+    """One drafter forward over the packed blocks -> (hidden `[N, B, H]`, base logits `[N, S, V]`, or `[N, S, K]`
+    over the training vocabulary `vocab`, for the S labelled slots 1..S of `packed.blocks`)."""
     h = drafter_hidden(drafter, packed)
-    return h, (lm_head(h[:, 1:]) if vocab is None else F.linear(h[:, 1:], head_rows(lm_head, vocab)))
+    slots = h[:, 1 : 1 + packed.blocks.labels.shape[1]]
+    return h, (lm_head(slots) if vocab is None else F.linear(slots, head_rows(lm_head, vocab)))
 
 
 def training_vocabulary(data: Dataset, seq_ids: list[int], size: int, vocab_size: int) -> tuple[np.ndarray, float]:
@@ -1379,6 +1387,7 @@ class TrainConfig:
     mask_token_id: int | None = None
     refiner_rank: int = 128
     train_vocab: int = 0  # >0: losses over the K most frequent target labels of the training split (CPU budget)
+    loss_slots: int | None = None  # losses on slots 1..S of each block only (default all B-1; the blocks keep B tokens)
     gamma: float = 7.0
     anchors_per_seq: int = 16
     batch_size: int = 4  # sequences per micro-batch (per process)
@@ -1450,6 +1459,9 @@ class Trainer:
         self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, max(1, int(cfg.warmup * cfg.max_steps)), cfg.max_steps)
         self.drafter, self.optimizer, self.scheduler = self.accel.prepare(self.drafter, self.optimizer, self.scheduler)
         self.weights = position_weights(self.drafter_config.block_size - 1, cfg.gamma)
+        if cfg.loss_slots is not None and not 1 <= cfg.loss_slots <= self.drafter_config.block_size - 1:
+            raise ValueError(f"loss_slots must be in 1..{self.drafter_config.block_size - 1} (block_size - 1), "
+                             f"got {cfg.loss_slots}")
         self.state = {"step": 0, "epoch": 0, "cursor": 0, "tokens": 0, "blocks": 0, "skipped": 0,
                       "train_seconds": 0.0, "best_tau": -1.0}
         self.history: list[dict] = []
@@ -1575,7 +1587,7 @@ class Trainer:
         seqs, feats, finals = self._features(idx)
         model = self.accel.unwrap_model(self.drafter)
         packed = pack_blocks(model, self.embed, self.lm_head, seqs, feats, finals, self.cfg.anchors_per_seq, generator,
-                             self.vocab)
+                             self.vocab, slots=self.cfg.loss_slots)
         with self.accel.autocast():
             hidden, base = drafter_outputs(self.drafter, self.lm_head, packed, self.vocab)
             loss, parts = refiner_losses(self._refiner_owner(), hidden, base, packed.blocks, self.weights, vocab=self.vocab)
@@ -1634,7 +1646,7 @@ class Trainer:
             seqs, feats, finals = self._features(idx)
             state = generator.get_state()
             packed = pack_blocks(model, self.embed, self.lm_head, seqs, feats, finals, self.cfg.eval_anchors, generator,
-                                 self.vocab)
+                                 self.vocab, slots=self.cfg.loss_slots)  # the training objective
             hidden, base = drafter_outputs(model, self.lm_head, packed, self.vocab)
             loss, _ = refiner_losses(model, hidden, base, packed.blocks, self.weights, vocab=self.vocab)
             losses.append(loss.item())
@@ -1792,7 +1804,7 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-rank", dest="lora_rank", type=int, default=d.lora_rank)
     for name in ("layers", "grow_layers", "block_size", "refiner_rank", "train_vocab", "eval_anchors", "anchors_per_seq", "batch_size", "grad_accum", "max_steps",
                  "seed", "heldout_every", "heldout_seqs", "eval_every", "save_every", "threads", "mask_token_id",
-                 "stop_after_steps", "intermediate_size", "max_sequences"):
+                 "stop_after_steps", "intermediate_size", "max_sequences", "loss_slots"):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=int, default=getattr(d, name))
     for name in ("gamma", "lr", "weight_decay", "warmup", "clip", "max_seconds"):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=float, default=getattr(d, name))

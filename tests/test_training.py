@@ -219,6 +219,55 @@ def test_consistency_rounds_feed_back_argmax(monkeypatch):
     torch.testing.assert_close(original(drafter.refiner, hp, teacher_prev, cols), drafter.refiner.delta(hp, teacher_prev)[..., cols])
 
 
+@pytest.mark.parametrize("refiner", ["xpress", "markov", None])
+def test_loss_on_the_first_slots_equals_the_whole_block_loss_weighted_there_only(refiner):
+    """`loss_slots=S` (labels and logits for slots 1..S only) is the whole-block objective with zero weight past slot S:
+    the refiner is causal, so a block's prefix, its Jacobi rounds and their fed-back argmaxes are exact."""
+    target = tiny_llama()
+    drafter = XPressDrafterModel.from_target(target, refiner=refiner, num_hidden_layers=1, mask_token_id=V - 1,
+                                             refiner_rank=8, block_size=6)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.normal_(0, 0.5)
+    N, B, S = 5, 6, 2
+    torch.manual_seed(1)
+    hidden = torch.randn(N, B, 64)
+    base = torch.randn(N, B - 1, V) * 3
+    blocks = T.BlockBatch(torch.randint(0, V, (N, 2)), torch.randint(0, V, (N, B - 1)), torch.randint(0, V, (N, B - 1)),
+                          torch.softmax(torch.randn(N, B - 1, V), -1), torch.rand(N, B - 1) > 0.2)
+    weights = T.position_weights(B - 1, 7.0)
+    zeroed = weights.clone()
+    zeroed[S:] = 0
+    whole, whole_parts = T.refiner_losses(drafter, hidden, base, blocks, zeroed)
+    first = T.BlockBatch(blocks.anchor_prev, blocks.gold[:, :S], blocks.labels[:, :S], blocks.p_target[:, :S],
+                         blocks.valid[:, :S])
+    prefix, prefix_parts = T.refiner_losses(drafter, hidden, base[:, :S], first, weights)
+    torch.testing.assert_close(prefix, whole)
+    assert prefix_parts.keys() == whole_parts.keys()
+    # and the prefix is not the whole block's unweighted loss (the test would pass trivially otherwise)
+    assert not torch.allclose(T.refiner_losses(drafter, hidden, base, blocks, weights)[0], whole)
+
+
+def test_packed_blocks_label_only_the_first_slots():
+    target = tiny_llama()
+    drafter = XPressDrafterModel.from_target(target, refiner=None, num_hidden_layers=2, mask_token_id=V - 1)
+    L = 40
+    tok = torch.randint(3, V - 1, (L,))
+    args = (drafter, target.get_input_embeddings(), target.get_output_embeddings(), [(tok, tok.clone(), 2)],
+            [torch.randn(L, 2 * 64)], [torch.randn(L, 64)])
+    whole = T.pack_blocks(*args, anchors_per_seq=4, generator=torch.Generator().manual_seed(0))
+    first = T.pack_blocks(*args, anchors_per_seq=4, generator=torch.Generator().manual_seed(0), slots=3)
+    assert first.noise_embeds.shape == whole.noise_embeds.shape  # the blocks keep their 16 tokens
+    for name in ("gold", "labels", "p_target", "valid"):
+        assert torch.equal(getattr(first.blocks, name), getattr(whole.blocks, name)[:, :3]), name
+    with torch.no_grad():
+        h, base = T.drafter_outputs(drafter, target.get_output_embeddings(), first)
+        _, whole_base = T.drafter_outputs(drafter, target.get_output_embeddings(), whole)
+    assert h.shape[1] == 16 and torch.allclose(base, whole_base[:, :3])
+    with pytest.raises(ValueError, match="slots must be in 1..15"):
+        T.pack_blocks(*args, anchors_per_seq=4, generator=torch.Generator().manual_seed(0), slots=16)
+
+
 # ---- trainer --------------------------------------------------------------------------------------------------------
 
 
@@ -246,6 +295,22 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
         torch.testing.assert_close(a, b, msg=name)
     loaded = XPressDrafterModel.from_pretrained(tmp_path / "resumed" / "final")
     assert loaded.dtype == torch.bfloat16 and loaded.config.refiner == "xpress"
+
+
+def test_trainer_can_train_the_first_slots_only(tmp_path):
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target, num_seqs=12)
+    parser = argparse.ArgumentParser()
+    T._train_arguments(parser)
+    assert parser.parse_args(["--loss-slots", "2"]).loss_slots == 2 and parser.parse_args([]).loss_slots is None
+    trainer = T.Trainer(_cfg(data, tmp_path / "run", loss_slots=2), target=target)
+    first = trainer.train_step()["loss"]
+    assert math.isfinite(first)
+    report = trainer.evaluate()  # acceptance is still measured on whole blocks
+    assert len(report["slot_acc"]) == 3
+    with pytest.raises(ValueError, match="loss_slots must be in 1..3"):
+        T.Trainer(_cfg(data, tmp_path / "bad", loss_slots=4), target=target)
 
 
 def test_drafter_mlp_width_can_be_set(tmp_path):

@@ -190,8 +190,10 @@ class XPressCausalMixer(nn.Module):
         return self.L * self.tril.to(self.L.dtype) + eye
 
     def forward(self, x: torch.Tensor, folded: torch.Tensor | None = None) -> torch.Tensor:
-        """x: `[N, B, r]` -> `[N, B, r]`. `folded`: `self.folded()`, when the caller computed it once for many calls."""
-        folded = self.folded() if folded is None else folded
+        """x: `[N, n, r]` -> `[N, n, r]`, the first n <= B slots (causal: exactly those rows of a whole block's result).
+        `folded`: `self.folded()`, when the caller computed it once for many calls."""
+        n = x.shape[1]
+        folded = (self.folded() if folded is None else folded)[:, :n, :n]
         mixed = torch.bmm(folded, x.permute(2, 1, 0).contiguous())  # [r, B, N]; contiguous: faster bmm (and grad)
         return mixed.permute(2, 1, 0)
 

@@ -20,3 +20,5 @@ SIXTH_RUN=d2f5499
 SEVENTH_RUN=dbe108d
 # The eighth run's (shipped at this commit): where the ninth run and the capacity probe start.
 EIGHTH_RUN=c43fb74
+# The ninth run's (shipped at this commit): where the slot-truncation A/B (`slots-ab`) starts.
+NINTH_RUN=08ce78a

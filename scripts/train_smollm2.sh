@@ -40,6 +40,7 @@
 #   bash scripts/train_smollm2.sh continue9 # ninth run: the eighth run's folders continue as the eighth run did
 #   bash scripts/train_smollm2.sh tau9      # the ninth run's tau on 24 prompts per set, at the shipped settings
 #   bash scripts/train_smollm2.sh ship9     # ship the ninth run's drafters
+#   bash scripts/train_smollm2.sh slots-ab  # the ninth run's xPress drafter, all 15 slots against slots 1..4, equal time
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -364,6 +365,25 @@ PY
     ;;
   ship9)
     ship -9 final
+    ;;
+  slots-ab)
+    # Before a tenth run: does training slots 1..4 only (--loss-slots 4) buy more per hour of CPU? The fit gap found
+    # the drafters short of training examples, not of data; the shipped settings verify 2 drafts per round, and the
+    # trainer's step is dominated by the scores of 15 slots x the training vocabulary. Both arms start from the ninth
+    # run's xPress folder on mix7, side by side, 1 thread each, lr 3e-4 (a lower re-warm than 6e-4's dip), for about
+    # the same time: scripts/train_speed.py measured --loss-slots 4 at 1.67x the steps per second of all 15 slots
+    # (0.719 against 1.204 s/step, 63 blocks per step, side by side), so 2,100 against 3,500 steps; seven held-out
+    # estimates each, at the same fractions of the run (every 300 and every 500 steps).
+    ninth=$(folders_at "$NINTH_RUN")
+    for arm in "15 2100 300" "4 3500 500"; do
+      set -- $arm
+      [[ -d "runs/smollm2-xpress-slots$1/final" ]] && continue
+      hf-xpress train "${COMMON[@]}" --data data/smollm2-mix7 --feature-cache "$MIX7_CACHE" --refiner xpress \
+        --init-drafter "$ninth/smollm2-135m-xpress-b16" --loss-slots "$1" --lr 3e-4 --max-steps "$2" \
+        --eval-every "$3" --heldout-seqs 48 --eval-anchors 24 \
+        --out "runs/smollm2-xpress-slots$1" >> "runs/smollm2-xpress-slots$1.log" 2>&1 &
+    done
+    wait
     ;;
   grow-probe)
     # Capacity probe before a ninth run: the eighth run's dFlash drafter continues PROBE_STEPS (600) steps on mix7 as it

@@ -41,6 +41,7 @@
 #   bash scripts/train_smollm2.sh tau9      # the ninth run's tau on 24 prompts per set, at the shipped settings
 #   bash scripts/train_smollm2.sh ship9     # ship the ninth run's drafters
 #   bash scripts/train_smollm2.sh slots-ab  # the ninth run's xPress drafter, all 15 slots against slots 1..4, equal time
+#   bash scripts/train_smollm2.sh tau-slots-ab # both arms' tau on 24 prompts per set, at the shipped settings
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -383,6 +384,11 @@ PY
         --eval-every "$3" --heldout-seqs 48 --eval-anchors 24 \
         --out "runs/smollm2-xpress-slots$1" >> "runs/smollm2-xpress-slots$1.log" 2>&1 &
     done
+    wait
+    ;;
+  tau-slots-ab)
+    REFINERS=xpress measure -slots15 24 "$REF24" final &
+    REFINERS=xpress measure -slots4 24 "$REF24" final &
     wait
     ;;
   grow-probe)

@@ -42,6 +42,9 @@
 #   bash scripts/train_smollm2.sh ship9     # ship the ninth run's drafters
 #   bash scripts/train_smollm2.sh slots-ab  # the ninth run's xPress drafter, all 15 slots against slots 1..4, equal time
 #   bash scripts/train_smollm2.sh tau-slots-ab # both arms' tau on 24 prompts per set, at the shipped settings
+#   bash scripts/train_smollm2.sh continue10 # tenth run: the ninth run's folders continue on slots 1..4 (--loss-slots 4)
+#   bash scripts/train_smollm2.sh tau10     # the tenth run's tau on 24 prompts per set, at the shipped settings
+#   bash scripts/train_smollm2.sh ship10    # ship the tenth run's drafters
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -390,6 +393,27 @@ PY
     REFINERS=xpress measure -slots15 24 "$REF24" final &
     REFINERS=xpress measure -slots4 24 "$REF24" final &
     wait
+    ;;
+  continue10)
+    # Tenth run: what slots-ab measured, for all three: each ninth-run folder continues 3,500 steps on mix7 at lr 3e-4
+    # with --loss-slots 4. The xPress run is that experiment's arm (runs/smollm2-xpress-slots4: the same command), so it
+    # is linked when present rather than trained again.
+    ninth=$(folders_at "$NINTH_RUN")
+    [[ -d runs/smollm2-xpress-slots4/final && ! -e runs/smollm2-xpress-10 ]] && ln -s smollm2-xpress-slots4 runs/smollm2-xpress-10
+    for refiner in ${REFINERS:-none markov xpress}; do
+      [[ -d "runs/smollm2-$refiner-10/final" ]] && continue
+      hf-xpress train "${COMMON[@]}" --data data/smollm2-mix7 --feature-cache "$MIX7_CACHE" --refiner "$refiner" \
+        --init-drafter "$ninth/smollm2-135m-${FOLDER[$refiner]}-b16" --loss-slots 4 --lr 3e-4 --max-steps 3500 \
+        --eval-every 500 --heldout-seqs 48 --eval-anchors 24 \
+        --out "runs/smollm2-$refiner-10" >> "runs/smollm2-$refiner-10.log" 2>&1 &
+    done
+    wait
+    ;;
+  tau10)
+    measure -10 24 "$REF24" final
+    ;;
+  ship10)
+    ship -10 final
     ;;
   grow-probe)
     # Capacity probe before a ninth run: the eighth run's dFlash drafter continues PROBE_STEPS (600) steps on mix7 as it

@@ -1054,7 +1054,7 @@ def refiner_losses(drafter: XPressDrafterModel, hidden: torch.Tensor, base: torc
         return loss, {"dflash": loss.item()}
     anchor = mixed_loss(base, p, y, v, weights)
     if isinstance(refiner, XPressMarkovHead):
-        prev = torch.cat([blocks.anchor_prev[:, 1:], blocks.gold[:, :-1]], dim=1)  # [N, B-1]
+        prev = torch.cat([blocks.anchor_prev[:, 1:], blocks.gold[:, :-1]], dim=1)  # [N, S]
         tf = mixed_loss(base + markov_delta(refiner, prev, vocab), p, y, v, weights)
         return tf + anchor_weight * anchor, {"tf": tf.item(), "anchor": anchor.item()}
     hidden_part = refiner.hidden_part(hidden)[:, : S + 1]  # the pooled part still averages the whole block
@@ -2060,7 +2060,7 @@ Trained with `hf-xpress train` (see `scripts/` and `docs/training.md` in the hf-
   Losses over the {cfg['train_vocab'] or 'full'} most frequent target labels of the training split (training vocabulary; the
   refiner's output rows for other tokens are zero). Inference uses the full vocabulary (`refiner_shortlist`, if set
   below, only limits the refiner's correction to the drafter's top candidates).
-- **Budget**: {state['step']} steps x {cfg['batch_size']} sequences x {cfg['anchors_per_seq']} anchors = {state['blocks']} blocks,
+- **Budget**: {state['step']} steps x {cfg['batch_size']} sequences x {cfg['anchors_per_seq']} anchors = {state['blocks']} blocks{f" (losses on slots 1..{cfg['loss_slots']} of each)" if cfg.get('loss_slots') else ''},
   {state['tokens']} training tokens (target tokens read), {state['train_seconds'] / 60:.1f} minutes of training on 1 shared CPU
   thread ({cfg['mixed_precision']} autocast); AdamW lr {cfg['lr']}, cosine, {cfg['warmup']:.0%} warm-up, clip {cfg['clip']}; {state['skipped']} skipped steps.
 {_warm_start_line(cfg, state, saved.get("earlier_runs"))}{inference}- **Shipped checkpoint**: `{args.checkpoint}`, step {shipped_step}{f" (best held-out tau_est of the run: {best['tau_est']:.3f} at step {best['step']})" if best else ''}.

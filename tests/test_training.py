@@ -603,7 +603,7 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
     T.extend_sequences(data, [("n1", [7, 8, 9] * 10, 3)], {"sources": "more", "seed": 1, "skip_prompts": 5,
                                                           "num_code": 0, "label_dtype": "bfloat16"})
     T.label_dataset(target, data, layer_ids=None, cache_dir=None, chunk=8, max_batch_tokens=256)
-    T.Trainer(_cfg(data, tmp_path / "run", max_steps=2, eval_every=2), target=target).run()
+    T.Trainer(_cfg(data, tmp_path / "run", max_steps=2, eval_every=2, loss_slots=2), target=target).run()
     tau = tmp_path / "tau.json"  # a file from before `tau` recorded its inference settings
     tau.write_text(json.dumps({"_setup": {"limit": 2, "max_new_tokens": 16, "jacobi_passes": 6},
                                "humaneval": {"tau": 1.5, "identical_to_greedy": 2, "prompts": 2}}))
@@ -628,6 +628,7 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
             "confidence threshold 0.2)") in card
     assert "sources\n  `test`, seed 0: test;" in card  # an unknown source kind is named as it is
     assert "Extended with `more` (more; seed 1)" in card
+    assert "blocks (losses on slots 1..2 of each)," in card
     assert "(HuggingFaceTB/SmolLM2-135M-Instruct, frozen, float32). Mask token id 127." in card  # 127 is not <empty_output>
     bad = argparse.Namespace(**{**vars(args), "set": ["block_size=8"]})
     with pytest.raises(ValueError, match="--set takes KEY=VALUE with KEY one of"):

@@ -410,7 +410,9 @@ PY
     wait
     ;;
   tau10)
-    measure -10 24 "$REF24" final
+    # xPress's tenth run is the slots-ab arm, already measured (results/training/tau-xpress-10.json is a copy of
+    # tau-xpress-slots4.json): dFlash and the Markov head only, unless REFINERS says otherwise.
+    REFINERS=${REFINERS:-none markov} measure -10 24 "$REF24" final
     ;;
   ship10)
     ship -10 final

@@ -112,17 +112,18 @@ ship() {
   for d in drafters/*/; do cp hf_xpress/configuration_xpress.py hf_xpress/modeling_xpress.py "$d"; done
 }
 
-# continue_shipped SUFFIX DATA CACHE SHIPPED_DIR: each of SHIPPED_DIR's three folders continues for CONTINUE_STEPS steps
-# (default 1,200; lr 6e-4, new cosine schedule) on DATA into runs/smollm2-{none,markov,xpress}SUFFIX, the same budget
-# for all three, side by side. Held-out: 48 sequences x 24 anchors (1,152 blocks: slot-1 accuracy +-0.013; 192 blocks
+# continue_shipped SUFFIX DATA CACHE SHIPPED_DIR [TRAIN-ARGS...]: each of SHIPPED_DIR's three folders continues for
+# CONTINUE_STEPS steps (default 1,200; lr 6e-4, new cosine schedule) on DATA into runs/smollm2-{none,markov,xpress}SUFFIX,
+# the same budget for all three, side by side; TRAIN-ARGS come last, so they override these settings. Held-out: 48 sequences x 24 anchors (1,152 blocks: slot-1 accuracy +-0.013; 192 blocks
 # gave +-0.03). Run again to resume: finished runs are skipped, the others continue from their checkpoint.
 continue_shipped() {
   local suffix=$1 data=$2 cache=$3 shipped=$4 refiner
+  shift 4
   for refiner in ${REFINERS:-none markov xpress}; do
     [[ -d "runs/smollm2-$refiner$suffix/final" ]] && continue
     hf-xpress train "${COMMON[@]}" --data "$data" --feature-cache "$cache" --refiner "$refiner" \
       --init-drafter "$shipped/smollm2-135m-${FOLDER[$refiner]}-b16" --lr 6e-4 --max-steps "${CONTINUE_STEPS:-1200}" \
-      --eval-every 200 --heldout-seqs 48 --eval-anchors 24 ${MAX_SECONDS:+--max-seconds $MAX_SECONDS} \
+      --eval-every 200 --heldout-seqs 48 --eval-anchors 24 ${MAX_SECONDS:+--max-seconds $MAX_SECONDS} "$@" \
       --out "runs/smollm2-$refiner$suffix" >> "runs/smollm2-$refiner$suffix.log" 2>&1 &
   done
   wait
@@ -381,11 +382,8 @@ PY
     ninth=$(folders_at "$NINTH_RUN")
     for arm in "15 2100 300" "4 3500 500"; do
       set -- $arm
-      [[ -d "runs/smollm2-xpress-slots$1/final" ]] && continue
-      hf-xpress train "${COMMON[@]}" --data data/smollm2-mix7 --feature-cache "$MIX7_CACHE" --refiner xpress \
-        --init-drafter "$ninth/smollm2-135m-xpress-b16" --loss-slots "$1" --lr 3e-4 --max-steps "$2" \
-        --eval-every "$3" --heldout-seqs 48 --eval-anchors 24 \
-        --out "runs/smollm2-xpress-slots$1" >> "runs/smollm2-xpress-slots$1.log" 2>&1 &
+      REFINERS=xpress CONTINUE_STEPS=$2 continue_shipped "-slots$1" data/smollm2-mix7 "$MIX7_CACHE" "$ninth" \
+        --loss-slots "$1" --lr 3e-4 --eval-every "$3" &
     done
     wait
     ;;
@@ -400,14 +398,7 @@ PY
     # is linked when present rather than trained again.
     ninth=$(folders_at "$NINTH_RUN")
     [[ -d runs/smollm2-xpress-slots4/final && ! -e runs/smollm2-xpress-10 ]] && ln -s smollm2-xpress-slots4 runs/smollm2-xpress-10
-    for refiner in ${REFINERS:-none markov xpress}; do
-      [[ -d "runs/smollm2-$refiner-10/final" ]] && continue
-      hf-xpress train "${COMMON[@]}" --data data/smollm2-mix7 --feature-cache "$MIX7_CACHE" --refiner "$refiner" \
-        --init-drafter "$ninth/smollm2-135m-${FOLDER[$refiner]}-b16" --loss-slots 4 --lr 3e-4 --max-steps 3500 \
-        --eval-every 500 --heldout-seqs 48 --eval-anchors 24 \
-        --out "runs/smollm2-$refiner-10" >> "runs/smollm2-$refiner-10.log" 2>&1 &
-    done
-    wait
+    CONTINUE_STEPS=3500 continue_shipped -10 data/smollm2-mix7 "$MIX7_CACHE" "$ninth" --loss-slots 4 --lr 3e-4 --eval-every 500
     ;;
   tau10)
     # xPress's tenth run is the slots-ab arm, already measured (results/training/tau-xpress-10.json is a copy of

@@ -401,9 +401,11 @@ PY
     CONTINUE_STEPS=3500 continue_shipped -10 data/smollm2-mix7 "$MIX7_CACHE" "$ninth" --loss-slots 4 --lr 3e-4 --eval-every 500
     ;;
   tau10)
-    # xPress's tenth run is the slots-ab arm, already measured (results/training/tau-xpress-10.json is a copy of
-    # tau-xpress-slots4.json): dFlash and the Markov head only, unless REFINERS says otherwise.
-    REFINERS=${REFINERS:-none markov} measure -10 24 "$REF24" final
+    # Where xPress's tenth run is the linked slots-ab arm, it is already measured (tau-xpress-slots4.json): dFlash and
+    # the Markov head only then, unless REFINERS says otherwise; a tenth xPress run trained here is measured too.
+    default="none markov xpress"
+    [[ -L runs/smollm2-xpress-10 ]] && default="none markov"
+    REFINERS=${REFINERS:-$default} measure -10 24 "$REF24" final
     ;;
   ship10)
     ship -10 final

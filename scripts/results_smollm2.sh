@@ -24,6 +24,7 @@
 #   bash scripts/results_smollm2.sh run7-speed  # the seventh run's drafters (shipped in the twelfth session), the same
 #   bash scripts/results_smollm2.sh run8-speed  # the eighth run's drafters (thirteenth session), the same + native DFlash
 #   bash scripts/results_smollm2.sh run9-speed  # the ninth run's drafters (fifteenth session), the same as run8-speed
+#   bash scripts/results_smollm2.sh run10-speed # the tenth run's drafters (sixteenth session), the same as run8-speed
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -136,6 +137,10 @@ case "${1:-all}" in
   run9-speed)
     # The ninth run's drafters (shipped in the fifteenth session), as run8-speed.
     NATIVE=1 speed results/smollm2-bf16-run9-speed "${D[@]}" --with-lookup off,on
+    ;;
+  run10-speed)
+    # The tenth run's drafters (shipped in the sixteenth session), as run8-speed.
+    NATIVE=1 speed results/smollm2-bf16-run10-speed "${D[@]}" --with-lookup off,on
     ;;
   run5-lookup-t1)
     shipped_bench results/smollm2-bf16-run5-lookup-t1 "${D[@]}" --temperature 1 --with-lookup off,on

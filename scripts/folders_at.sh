@@ -22,3 +22,5 @@ SEVENTH_RUN=dbe108d
 EIGHTH_RUN=c43fb74
 # The ninth run's (shipped at this commit): where the slot-truncation A/B (`slots-ab`) starts.
 NINTH_RUN=08ce78a
+# The tenth run's (shipped at this commit).
+TENTH_RUN=19f35a0

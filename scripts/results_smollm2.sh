@@ -129,18 +129,10 @@ case "${1:-all}" in
   run7-speed)
     speed results/smollm2-bf16-run7-speed "${D[@]}" --with-lookup off,on
     ;;
-  run8-speed)
-    # The eighth run's drafters (shipped in the thirteenth session) as run7-speed, with transformers' native DFlash
-    # path too (the issue's goal: xPress ahead of it).
-    NATIVE=1 speed results/smollm2-bf16-run8-speed "${D[@]}" --with-lookup off,on
-    ;;
-  run9-speed)
-    # The ninth run's drafters (shipped in the fifteenth session), as run8-speed.
-    NATIVE=1 speed results/smollm2-bf16-run9-speed "${D[@]}" --with-lookup off,on
-    ;;
-  run10-speed)
-    # The tenth run's drafters (shipped in the sixteenth session), as run8-speed.
-    NATIVE=1 speed results/smollm2-bf16-run10-speed "${D[@]}" --with-lookup off,on
+  run8-speed|run9-speed|run10-speed)
+    # The shipped drafters (eighth run: thirteenth session; ninth: fifteenth; tenth: sixteenth) as run7-speed, with
+    # transformers' native DFlash path too (the issue's goal: xPress ahead of it); results/smollm2-bf16-<stage>.
+    NATIVE=1 speed "results/smollm2-bf16-$1" "${D[@]}" --with-lookup off,on
     ;;
   run5-lookup-t1)
     shipped_bench results/smollm2-bf16-run5-lookup-t1 "${D[@]}" --temperature 1 --with-lookup off,on

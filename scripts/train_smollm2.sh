@@ -114,8 +114,9 @@ ship() {
 
 # continue_shipped SUFFIX DATA CACHE SHIPPED_DIR [TRAIN-ARGS...]: each of SHIPPED_DIR's three folders continues for
 # CONTINUE_STEPS steps (default 1,200; lr 6e-4, new cosine schedule) on DATA into runs/smollm2-{none,markov,xpress}SUFFIX,
-# the same budget for all three, side by side; TRAIN-ARGS come last, so they override these settings. Held-out: 48 sequences x 24 anchors (1,152 blocks: slot-1 accuracy +-0.013; 192 blocks
-# gave +-0.03). Run again to resume: finished runs are skipped, the others continue from their checkpoint.
+# the same budget for all three, side by side; TRAIN-ARGS come last, so they override these settings. Held-out: 48
+# sequences x 24 anchors (1,152 blocks: slot-1 accuracy +-0.013; 192 blocks gave +-0.03). Run again to resume: finished
+# runs are skipped, the others continue from their checkpoint.
 continue_shipped() {
   local suffix=$1 data=$2 cache=$3 shipped=$4 refiner
   shift 4

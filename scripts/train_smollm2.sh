@@ -45,6 +45,8 @@
 #   bash scripts/train_smollm2.sh continue10 # tenth run: the ninth run's folders continue on slots 1..4 (--loss-slots 4)
 #   bash scripts/train_smollm2.sh tau10     # the tenth run's tau on 24 prompts per set, at the shipped settings
 #   bash scripts/train_smollm2.sh ship10    # ship the tenth run's drafters
+#   bash scripts/train_smollm2.sh slots2-ab # the tenth run's xPress drafter: its recipe against slots 1..2 x 8 sequences
+#   bash scripts/train_smollm2.sh tau-slots2-ab # both arms' tau on 24 prompts per set, at the shipped settings
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -410,6 +412,25 @@ PY
     ;;
   ship10)
     ship -10 final
+    ;;
+  slots2-ab)
+    # Before an eleventh run: slots 1..2 (what the shipped settings verify) with 8 sequences per step against the tenth
+    # run's recipe (slots 1..4, 4 sequences), both from the tenth run's xPress folder on mix7, side by side, 1 thread
+    # each, lr 3e-4, for about the same time: scripts/train_speed.py measured 0.99 s against 0.67 s per step (128 and
+    # 63 blocks per step; 128 against 94 slot-1 examples per second), so 1,360 against 2,000 steps; five held-out
+    # estimates each, at the same fractions of the run.
+    tenth=$(folders_at "$TENTH_RUN")
+    for arm in "4 4 2000 400" "2 8 1360 272"; do
+      set -- $arm
+      REFINERS=xpress CONTINUE_STEPS=$3 continue_shipped "-ab-s$1b$2" data/smollm2-mix7 "$MIX7_CACHE" "$tenth" \
+        --loss-slots "$1" --batch-size "$2" --lr 3e-4 --eval-every "$4" &
+    done
+    wait
+    ;;
+  tau-slots2-ab)
+    REFINERS=xpress measure -ab-s4b4 24 "$REF24" final &
+    REFINERS=xpress measure -ab-s2b8 24 "$REF24" final &
+    wait
     ;;
   grow-probe)
     # Capacity probe before a ninth run: the eighth run's dFlash drafter continues PROBE_STEPS (600) steps on mix7 as it

@@ -47,6 +47,9 @@
 #   bash scripts/train_smollm2.sh ship10    # ship the tenth run's drafters
 #   bash scripts/train_smollm2.sh slots2-ab # the tenth run's xPress drafter: its recipe against slots 1..2 x 8 sequences
 #   bash scripts/train_smollm2.sh tau-slots2-ab # both arms' tau on 24 prompts per set, at the shipped settings
+#   bash scripts/train_smollm2.sh continue11 # eleventh run: the tenth run's folders continue as slots2-ab's 2x8 arm
+#   bash scripts/train_smollm2.sh tau11     # the eleventh run's tau on 24 prompts per set, at the shipped settings
+#   bash scripts/train_smollm2.sh ship11    # ship the eleventh run's drafters
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -431,6 +434,26 @@ PY
     REFINERS=xpress measure -ab-s4b4 24 "$REF24" final &
     REFINERS=xpress measure -ab-s2b8 24 "$REF24" final &
     wait
+    ;;
+  continue11)
+    # Eleventh run: slots2-ab's 2x8 arm for all three: each tenth-run folder continues 1,360 steps on mix7 at lr 3e-4
+    # with --loss-slots 2 --batch-size 8. The xPress run is that arm (the same command), linked when present.
+    tenth=$(folders_at "$TENTH_RUN")
+    [[ -d runs/smollm2-xpress-ab-s2b8/final && ! -e runs/smollm2-xpress-11 ]] && ln -s smollm2-xpress-ab-s2b8 runs/smollm2-xpress-11
+    CONTINUE_STEPS=1360 continue_shipped -11 data/smollm2-mix7 "$MIX7_CACHE" "$tenth" --loss-slots 2 --batch-size 8 \
+      --lr 3e-4 --eval-every 272
+    ;;
+  tau11)
+    # A linked xPress run is slots2-ab's arm, measured by tau-slots2-ab (tau-xpress-ab-s2b8.json): dFlash and Markov
+    # only then, unless REFINERS says otherwise.
+    default="none markov xpress"
+    [[ -L runs/smollm2-xpress-11 ]] && default="none markov"
+    REFINERS=${REFINERS:-$default} measure -11 24 "$REF24" final
+    ;;
+  ship11)
+    [[ -L runs/smollm2-xpress-11 && ! -e results/training/tau-xpress-11.json ]] &&
+      cp results/training/tau-xpress-ab-s2b8.json results/training/tau-xpress-11.json
+    ship -11 final
     ;;
   grow-probe)
     # Capacity probe before a ninth run: the eighth run's dFlash drafter continues PROBE_STEPS (600) steps on mix7 as it

@@ -25,6 +25,7 @@
 #   bash scripts/results_smollm2.sh run8-speed  # the eighth run's drafters (thirteenth session), the same + native DFlash
 #   bash scripts/results_smollm2.sh run9-speed  # the ninth run's drafters (fifteenth session), the same as run8-speed
 #   bash scripts/results_smollm2.sh run10-speed # the tenth run's drafters (sixteenth session), the same as run8-speed
+#   bash scripts/results_smollm2.sh run11-speed # the eleventh run's drafters (seventeenth session), the same
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -129,9 +130,10 @@ case "${1:-all}" in
   run7-speed)
     speed results/smollm2-bf16-run7-speed "${D[@]}" --with-lookup off,on
     ;;
-  run8-speed|run9-speed|run10-speed)
-    # The shipped drafters (eighth run: thirteenth session; ninth: fifteenth; tenth: sixteenth) as run7-speed, with
-    # transformers' native DFlash path too (the issue's goal: xPress ahead of it); results/smollm2-bf16-<stage>.
+  run8-speed|run9-speed|run10-speed|run11-speed)
+    # The shipped drafters (eighth run: thirteenth session; ninth: fifteenth; tenth: sixteenth; eleventh: seventeenth)
+    # as run7-speed, with transformers' native DFlash path too (the issue's goal: xPress ahead of it);
+    # results/smollm2-bf16-<stage>.
     NATIVE=1 speed "results/smollm2-bf16-$1" "${D[@]}" --with-lookup off,on
     ;;
   run5-lookup-t1)

@@ -24,3 +24,5 @@ EIGHTH_RUN=c43fb74
 NINTH_RUN=08ce78a
 # The tenth run's (shipped at this commit).
 TENTH_RUN=19f35a0
+# The eleventh run's (shipped at this commit).
+ELEVENTH_RUN=087b819

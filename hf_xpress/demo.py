@@ -69,6 +69,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--prompt", action="append", help="a prompt (repeatable); default: three built-in prompts")
-    parser.set_defaults(
-        func=lambda a: run_demo(a.target, a.drafter, tuple(a.prompt or DEMO_PROMPTS), a.max_new_tokens, a.dtype) and 0
-    )
+    parser.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    """Exit status 1 when an fp32 output differs from plain `generate` (a bug: fp32 greedy decoding is exact); bf16
+    outputs may drift at near-ties of the target's logits, so there the demo only reports them."""
+    rows = run_demo(args.target, args.drafter, tuple(args.prompt or DEMO_PROMPTS), args.max_new_tokens, args.dtype)
+    return int(args.dtype == "float32" and not all(row["identical"] for row in rows))

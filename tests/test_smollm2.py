@@ -67,3 +67,28 @@ def test_pipeline_streamer_and_stop_strings(smollm2):
         ids, assistant_model=drafter, max_new_tokens=40, do_sample=False, stop_strings=["\n"], tokenizer=tokenizer
     )
     assert torch.equal(plain, ours)
+
+
+def test_demo_command_runs_the_shipped_drafter_exactly(capsys):
+    """`hf-xpress demo` (the README's main job) on one short prompt: text, figures, exit status 0 when exact."""
+    from hf_xpress.cli import main
+    from hf_xpress.demo import DEFAULT_DRAFTER
+
+    if not (DEFAULT_DRAFTER / "config.json").exists():
+        pytest.fail(f"the shipped xPress drafter is missing at {DEFAULT_DRAFTER}")
+    prompt = "What is the capital of France? Answer in one sentence."
+    assert main(["demo", "--prompt", prompt, "--max-new-tokens", "12"]) == 0
+    out = capsys.readouterr().out
+    assert f"> {prompt}" in out and "refiner=xpress" in out
+    assert "identical to plain generate: True" in out and "tau " in out
+
+
+def test_demo_exit_status_fails_on_an_fp32_mismatch_only(monkeypatch):
+    from hf_xpress import demo
+    from hf_xpress.cli import main
+
+    monkeypatch.setattr(demo, "run_demo", lambda *a: [{"identical": True}, {"identical": False}])
+    assert main(["demo"]) == 1  # fp32 (the default): greedy must be exact
+    assert main(["demo", "--dtype", "bfloat16"]) == 0  # bf16: near-ties may drift; reported, not failed
+    monkeypatch.setattr(demo, "run_demo", lambda *a: [{"identical": True}])
+    assert main(["demo"]) == 0

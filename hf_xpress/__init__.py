@@ -9,6 +9,7 @@ from transformers import AutoConfig, AutoModel
 from .configuration_xpress import XPressDrafterConfig, default_target_layer_ids
 from .generation import XPressCandidateGenerator, XPressStats, install, uninstall
 from .modeling_xpress import XPressDrafterModel, XPressMarkovHead, XPressRefiner, check_compatible
+from .tree_decoding import tree_decoding
 
 __version__ = "0.1.0"
 
@@ -28,5 +29,6 @@ __all__ = [
     "check_compatible",
     "default_target_layer_ids",
     "install",
+    "tree_decoding",
     "uninstall",
 ]

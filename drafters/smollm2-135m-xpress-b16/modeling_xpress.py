@@ -843,6 +843,53 @@ class XPressDrafterModel(XPressPreTrainedModel):
                 start += int(changed[0]) + 1
         return self._proposal(tokens, scores, run, candidates, vocab_ids)
 
+    @torch.no_grad()
+    def propose_tree(
+        self,
+        hidden: torch.Tensor,
+        base_logits: torch.Tensor,
+        lead_tokens: torch.LongTensor,
+        width: int,
+        vocab_ids: torch.LongTensor | None = None,
+    ) -> torch.LongTensor:
+        """Greedy draft tree for tree verification (`hf_xpress.tree_decoding`): the `width` best tokens for slot 1,
+        each continued greedily over slots 2..S conditioned on its own branch (xPress and the Markov head read the
+        tokens before a slot; a drafter without a refiner repeats its own per-slot choices on every branch).
+
+        hidden: `[1, B, H]`; base_logits: `[1, S, V']` float32 over `vocab_ids` (`draft_scores`); lead_tokens: `[1, 2]`
+        the token before the anchor, then the anchor. Returns token ids `[W, S]`: row w is branch w, by slot 1's score
+        (row 0 is the chain's greedy proposal when the refiner's passes cover the S slots). The refiner is read once per
+        slot for all branches, teacher-forced on each branch's tokens, so no Jacobi passes are needed.
+        """
+        base = base_logits[0].float()  # [S, V']
+        num_slots = base.shape[0]
+        width = min(int(width), base.shape[-1])
+        read = self._refiner_read(vocab_ids) if self.refiner is not None else None
+        if isinstance(self.refiner, XPressRefiner):
+            tables = self.refiner.tables()
+            hidden_part = self.refiner.hidden_part(hidden, tables)[:, : num_slots + 1]
+
+            def bias(prefix: torch.LongTensor, k: int) -> torch.Tensor:  # slot k's logit bias per branch, [N, V']
+                part = hidden_part[:, : k + 1].expand(prefix.shape[0], -1, -1)
+                return self.refiner.delta(part, prefix[:, : k + 1], k, None, tables, read)[:, 0].float()
+        elif isinstance(self.refiner, XPressMarkovHead):
+
+            def bias(prefix: torch.LongTensor, k: int) -> torch.Tensor:
+                return self.refiner(prefix[:, k : k + 1], read)[:, 0].float()
+        else:
+
+            def bias(prefix: torch.LongTensor, k: int) -> torch.Tensor:
+                return base.new_zeros(prefix.shape[0], 1)
+
+        # prefix: [token before the anchor, anchor, slot 1, ..., slot S] per branch; prefix[:, k] precedes slot k.
+        prefix = lead_tokens.to(base.device).expand(width, 2)
+        first = (base[0] + bias(prefix[:1], 1)).reshape(-1)
+        prefix = torch.cat([prefix, _token_ids(first.topk(width).indices, vocab_ids)[:, None]], dim=1)
+        for k in range(2, num_slots + 1):
+            scores = base[k - 1] + bias(prefix, k)
+            prefix = torch.cat([prefix, _token_ids(scores.argmax(dim=-1), vocab_ids).reshape(width, 1)], dim=1)
+        return prefix[:, 2:]
+
     def _proposal(self, tokens, scores, passes: int, candidates, vocab_ids) -> DraftProposal:
         """A proposal from scores over the columns `vocab_ids` (or the whole vocabulary) or over per-slot shortlists
         `candidates` `[1, S, M]` (token ids)."""

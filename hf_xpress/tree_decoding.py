@@ -1,0 +1,215 @@
+"""Tree verification: several draft branches checked in one target forward (greedy).
+
+    import hf_xpress
+    out = target.generate(input_ids, custom_generate=hf_xpress.tree_decoding, drafter=drafter, tree_width=3,
+                          max_new_tokens=256)
+    drafter.stats.tau
+
+A chain round (`generate(..., assistant_model=drafter)`) verifies the drafter's best token for each slot, so a wrong
+slot 1 makes the round yield one token. A tree round verifies the drafter's `tree_width` best tokens for slot 1, each
+continued over the next slots by the drafter conditioned on that branch (`XPressDrafterModel.propose_tree`), in one
+target forward: the tokens are laid out as `[anchor, branch 0, branch 1, ...]` with an ancestor-only 4D attention
+mask (each token sees the cache, the anchor and its own branch up to itself) and position ids by depth. The target's
+greedy choice at each node decides the path: the longest branch prefix it agrees with, then its own next token. The
+key/value cache keeps the path's entries only (`keep_cache_rows`), and the drafter's context gets the path's target
+hidden states. The output is plain greedy `generate`'s, token for token (in float32; in bfloat16 a wider verify
+forward can flip near-ties, as for chains).
+
+A tree is worth it where a wider verify forward costs about as much as a narrow one (a GPU; a CPU in bfloat16,
+measured in docs/benchmarks.md); the drafter's per-round work is one forward as for a chain plus one refiner read
+per slot for all branches.
+
+It plugs into transformers' public `custom_generate` hook (a callable): `generate` prepares the generation config,
+logits processors, stopping criteria and the cache, then hands the decoding loop to `tree_decoding`. transformers
+passes such a callable only the keyword arguments its signature adds to `_sample`'s, so the drafter comes as
+`drafter=` (not `assistant_model=`) and a `streamer` given to `generate` does not reach it.
+
+Limits, each with a clear error: greedy only (sampling from a tree needs multi-draft rejection sampling, which is not
+implemented; chains sample losslessly), batch size 1 without padding (like transformers' assisted generation), token
+ids only (no `return_dict_in_generate`), and a cache of full-attention `DynamicLayer`s (the default cache of
+decoder-only models without sliding-window or linear-attention layers).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from .generation import XPressCandidateGenerator, is_xpress_drafter
+
+DEFAULT_TREE_WIDTH = 3
+
+
+def tree_attention_mask(width: int, depth: int, past: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """Additive mask `[1, 1, 1 + W*D, past + 1 + W*D]` for `[anchor, branch 0 slots 1..D, branch 1 ...]` after `past`
+    cached tokens: 0 where a token may attend (the cache, the anchor, its own branch up to itself), dtype min elsewhere."""
+    size = 1 + width * depth
+    allowed = torch.zeros(size, size, dtype=torch.bool, device=device)
+    allowed[:, 0] = True
+    branch = torch.tril(torch.ones(depth, depth, dtype=torch.bool, device=device))
+    for w in range(width):
+        rows = slice(1 + w * depth, 1 + (w + 1) * depth)
+        allowed[rows, rows] = branch
+    allowed = torch.cat([torch.ones(size, past, dtype=torch.bool, device=device), allowed], dim=1)
+    mask = torch.zeros(size, past + size, dtype=dtype, device=device)
+    return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+def keep_cache_rows(cache: DynamicCache, start: int, rows: list[int]) -> None:
+    """Keep, of the entries from `start` on, only those at `start + r` for `r` in `rows` (increasing), moved to
+    `start, start + 1, ...`; drop everything after them. The one place that edits a cache's tensors: transformers'
+    caches can only be cropped at the end, and a tree's accepted path is not always its first branch."""
+    contiguous = rows == list(range(len(rows)))
+    index = None if contiguous else torch.tensor(rows, dtype=torch.long)
+    for layer in cache.layers:
+        if not isinstance(layer, DynamicLayer) or not layer.is_initialized:
+            raise ValueError(f"tree decoding keeps the accepted path in a cache of DynamicLayers; got {type(layer).__name__}.")
+        if index is not None:
+            idx = index.to(layer.keys.device) + start
+            end = start + len(rows)
+            layer.keys[..., start:end, :] = layer.keys.index_select(-2, idx)
+            layer.values[..., start:end, :] = layer.values.index_select(-2, idx)
+        layer.crop(-(layer.get_seq_length() - start - len(rows)))
+
+
+def _check_cache(cache) -> None:
+    if not isinstance(cache, DynamicCache) or not all(type(layer) is DynamicLayer for layer in cache.layers):
+        kinds = sorted({type(layer).__name__ for layer in getattr(cache, "layers", [])})
+        raise ValueError(
+            f"tree decoding needs a DynamicCache of full-attention layers (DynamicLayer), to keep the accepted path's "
+            f"entries; this model's cache is {type(cache).__name__} with {kinds}. Use generate(assistant_model=drafter) "
+            "(chain verification) for this model."
+        )
+
+
+def _greedy_choices(logits: torch.Tensor, processors: LogitsProcessorList, input_ids: torch.LongTensor,
+                    tree: torch.LongTensor) -> torch.LongTensor:
+    """The target's greedy token at every tree node: logits `[1 + W*D, V]` float32 -> `[1 + W*D]`. Logits processors
+    see each node's own prefix (the sequence, then the node's branch up to it), as in plain `generate`."""
+    if len(processors) == 0:
+        return logits.argmax(dim=-1)
+    width, depth = tree.shape
+    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
+    out[0] = processors(input_ids, logits[:1].clone()).argmax(dim=-1)[0]
+    for w in range(width):
+        for k in range(depth):
+            prefix = torch.cat([input_ids, tree[w : w + 1, : k + 1].to(input_ids.device)], dim=1)
+            row = 1 + w * depth + k
+            out[row] = processors(prefix, logits[row : row + 1].clone()).argmax(dim=-1)[0]
+    return out
+
+
+def _walk(tree: torch.LongTensor, choices: list[int]) -> tuple[list[int], list[int]]:
+    """The accepted path: (its rows in the verified block, the tokens it commits: accepted drafts + the target's next).
+    tree `[W, D]` as lists; choices: the target's token at every row."""
+    width, depth = len(tree), len(tree[0]) if tree else 0
+    rows, tokens = [0], []
+    target = choices[0]
+    branch = next((w for w in range(width) if tree[w][0] == target), None)
+    if branch is not None:
+        for k in range(depth):
+            if tree[branch][k] != target:
+                break
+            tokens.append(target)
+            rows.append(1 + branch * depth + k)
+            target = choices[rows[-1]]
+    return rows, tokens + [target]
+
+
+def tree_decoding(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    drafter=None,
+    tree_width: int = DEFAULT_TREE_WIDTH,
+    **model_kwargs,
+) -> torch.LongTensor:
+    """Greedy decoding with tree verification (see the module docstring); returns `[1, n + new]` token ids.
+
+    drafter: an xPress drafter (any refiner); drafts per branch: its `num_assistant_tokens` (all B-1 slots if None);
+    tree_width: branches, the drafter's best tokens for slot 1 (1 = a chain with the branch-conditioned proposal).
+    """
+    if drafter is None or not is_xpress_drafter(drafter):
+        raise ValueError("tree_decoding needs drafter=<an xPress drafter>, e.g. generate(ids, custom_generate="
+                         "hf_xpress.tree_decoding, drafter=drafter); got "
+                         f"{'nothing' if drafter is None else type(drafter).__name__}.")
+    if int(tree_width) < 1:
+        raise ValueError(f"tree_width must be at least 1, got {tree_width}.")
+    if generation_config.do_sample:
+        raise ValueError("tree_decoding is greedy only (sampling from a tree needs multi-draft rejection sampling, not "
+                         "implemented); for do_sample=True use generate(ids, assistant_model=drafter).")
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"tree_decoding supports batch size 1; got {input_ids.shape[0]}. Call generate once per prompt.")
+    if generation_config.return_dict_in_generate:
+        raise ValueError("tree_decoding returns token ids only; return_dict_in_generate=True is not supported.")
+    mask = model_kwargs.get("attention_mask")
+    if mask is not None and not bool(mask.all()):
+        raise ValueError("tree_decoding takes an unpadded prompt (its attention_mask has zeros).")
+    cache = model_kwargs.get("cache")
+    if cache is None:
+        cache = DynamicCache(config=model.config)
+    generator = XPressCandidateGenerator(model, drafter, generation_config, logits_processor)
+    stats, clock, overrides = generator.stats, generator._clock, generator.model_kwargs_overrides
+    lm_head = generator.main_model_output_embeddings
+    eos = generation_config._eos_token_tensor
+    max_length = generation_config.max_length
+
+    outputs = model(input_ids, cache=cache, use_cache=True, logits_to_keep=1, **overrides)
+    _check_cache(cache)
+    logits = outputs.logits[:, -1].float()
+    next_token = (logits_processor(input_ids, logits) if len(logits_processor) else logits).argmax(dim=-1)
+    input_ids = torch.cat([input_ids, next_token[:, None]], dim=1)
+    generator._keep_features(input_ids, outputs)  # the prompt's features
+
+    while not bool(stopping_criteria(input_ids, logits).all()):
+        length = input_ids.shape[1]
+        depth = min(generator.num_assistant_tokens, max_length - length - 1)
+        start = clock()
+        if depth > 0:
+            hidden = generator._draft_forward(input_ids)
+            base, vocab_ids = drafter.draft_scores(hidden[:, 1 : 1 + depth], lm_head)
+            drafted = clock()
+            tree = drafter.propose_tree(hidden, base, input_ids[:, -2:], tree_width, vocab_ids).to(input_ids.device)
+            refined = clock()
+        else:  # one token left: a plain step
+            tree = input_ids.new_empty(0, 0)
+        width = tree.shape[0]
+        block = torch.cat([input_ids[0, -1:], tree.reshape(-1)])[None]
+        positions = length - 1 + torch.cat([block.new_zeros(1), torch.arange(1, depth + 1).repeat(width).to(block)])
+        outputs = model(
+            block, position_ids=positions[None], cache=cache, use_cache=True,
+            attention_mask=tree_attention_mask(width, depth if width else 0, length - 1, model.dtype, block.device),
+            **overrides,
+        )
+        logits = outputs.logits[0].float()
+        rows, new = _walk(tree.tolist(), _greedy_choices(logits, logits_processor, input_ids, tree).tolist())
+        # As transformers' assisted decoding: never past max_length, nothing after an EOS token.
+        new = new[: max_length - length]
+        if eos is not None:
+            ends = [i for i, t in enumerate(new) if t in eos.tolist()]
+            new = new[: ends[0] + 1] if ends else new
+        rows = rows[: len(new)]  # the anchor and the committed drafts; the last committed token is the next anchor
+        keep_cache_rows(cache, length - 1, rows)
+        input_ids = torch.cat([input_ids, torch.tensor([new], dtype=input_ids.dtype, device=input_ids.device)], dim=1)
+        # The drafter's context: the path's target features (`_keep_features` takes the rows it has not seen).
+        generator._keep_features(input_ids, SimpleNamespace(hidden_states=tuple(
+            None if h is None else h[:, rows] for h in outputs.hidden_states)))
+        logits = logits[rows[-1] : rows[-1] + 1]
+        if depth > 0:
+            stats.draft_time += drafted - start
+            stats.refine_time += refined - drafted
+            stats.verify_time += clock() - refined
+            stats.accepted.append(len(new) - 1)
+            stats.proposed.append(depth)
+            stats.passes.append(depth if drafter.config.refiner else 0)  # one refiner read per slot
+            stats.drafts.append(tree.reshape(-1).tolist())
+            stats.lookup.append(False)
+    return input_ids
+
+
+__all__ = ["DEFAULT_TREE_WIDTH", "keep_cache_rows", "tree_attention_mask", "tree_decoding"]

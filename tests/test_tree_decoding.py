@@ -1,0 +1,209 @@
+"""`generate(custom_generate=hf_xpress.tree_decoding, drafter=...)`: tree verification is plain greedy `generate`
+token for token, keeps exactly the accepted path in the target's cache and the drafter's context, and refuses what it
+does not support with a clear error."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers.cache_utils import DynamicCache
+
+import hf_xpress
+from hf_xpress import XPressDrafterModel, tree_decoding
+from hf_xpress.generation import XPressCandidateGenerator
+from hf_xpress.tree_decoding import _walk, keep_cache_rows, tree_attention_mask
+
+from conftest import tiny_drafter, tiny_target
+
+REFINERS = [None, "markov", "xpress"]
+
+
+def _tree_generate(target, ids, drafter, width, **kwargs):
+    return target.generate(ids, custom_generate=tree_decoding, drafter=drafter, tree_width=width, do_sample=False,
+                           **kwargs)
+
+
+def _prompts(n: int) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    return [torch.randint(0, 126, (1, length)) for length in [1, 2, 3, 7, 16, 31, 90][:n]]
+
+
+@pytest.mark.parametrize("refiner", REFINERS)
+@pytest.mark.parametrize("width", [1, 3])
+@pytest.mark.parametrize("max_new_tokens", [1, 5, 40])
+def test_tree_equals_plain_generate(target, refiner, width, max_new_tokens):
+    drafter = tiny_drafter(target, refiner, num_assistant_tokens=3)
+    for ids in _prompts(7):
+        plain = target.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+        assert torch.equal(_tree_generate(target, ids, drafter, width, max_new_tokens=max_new_tokens), plain)
+    if max_new_tokens > 2:
+        assert drafter.stats.rounds > 0 and set(drafter.stats.proposed) <= {1, 2, 3}
+        assert all(len(d) == width * p for d, p in zip(drafter.stats.drafts, drafter.stats.proposed))
+
+
+def test_logits_processors_see_each_nodes_own_prefix(target):
+    drafter = tiny_drafter(target, "xpress", num_assistant_tokens=4)
+    settings = dict(max_new_tokens=40, repetition_penalty=1.3, no_repeat_ngram_size=3)
+    for ids in _prompts(5):
+        plain = target.generate(ids, do_sample=False, **settings)
+        assert torch.equal(_tree_generate(target, ids, drafter, 3, **settings), plain)
+
+
+def test_propose_tree_branches_are_the_drafters_top_tokens_each_continued_on_its_own_branch(target):
+    """Row w: slot 1 = the w-th best refined token; slot k: the refiner's greedy choice given that branch's tokens,
+    which for branch 0 with enough Jacobi passes is exactly the chain proposal."""
+    drafter = tiny_drafter(target, "xpress", jacobi_passes=6, jacobi_early_stop=False)
+    torch.manual_seed(3)
+    hidden = torch.randn(1, 16, 64)
+    base = torch.randn(1, 5, 128) * 3
+    lead = torch.tensor([[4, 9]])
+    tree = drafter.propose_tree(hidden, base, lead, width=4)
+    chain = drafter.propose(hidden, base, lead)
+    assert tree.shape == (4, 5) and torch.equal(tree[0], chain.tokens[0])
+    full = base[0, 0] + drafter.refiner(hidden, torch.tensor([[4, 9] + [0] * 14]))[0, 0]
+    assert torch.equal(tree[:, 0], full.topk(4).indices)
+    for w in range(4):  # each branch's slot k: the teacher-forced refined argmax given its own slots < k
+        prev = torch.tensor([[4, 9] + tree[w, :-1].tolist() + [0] * 10])
+        logits = base[0] + drafter.refiner(hidden, prev)[0, :5]
+        assert torch.equal(tree[w, 1:], logits[1:].argmax(-1))
+    # without a refiner every branch repeats the drafter's per-slot choice after slot 1
+    plain = tiny_drafter(target, None).propose_tree(hidden, base, lead, width=3)
+    assert torch.equal(plain[:, 1:], base[0, 1:].argmax(-1).expand(3, -1))
+
+
+@pytest.fixture
+def oracle(monkeypatch):
+    """Put the target's true continuation into a random branch (random accepted length), so that rounds accept
+    drafts from branches other than the first and the cache must be compacted."""
+    state = {"continuation": None, "generators": [], "branches": []}
+    rng = random.Random(0)
+    original_tree, original_init = XPressDrafterModel.propose_tree, XPressCandidateGenerator.__init__
+
+    def propose_tree(self, hidden, base_logits, lead_tokens, width, vocab_ids=None):
+        tree = original_tree(self, hidden, base_logits, lead_tokens, width, vocab_ids).clone()
+        generator = state["generators"][-1]
+        start = generator.context_length + 1  # position of slot 1 in the sequence
+        truth = state["continuation"][start : start + tree.shape[1]]
+        branch, good = rng.randrange(tree.shape[0]), rng.randint(0, min(len(truth), tree.shape[1]))
+        for w in range(tree.shape[0]):  # no other branch may start with the true token
+            if tree[w, 0] == truth[0]:
+                tree[w, 0] = (truth[0] + 1 + w) % 126
+        tree[branch, :good] = truth[:good]
+        if good < tree.shape[1] and good < len(truth):
+            tree[branch, good] = (truth[good] + 1) % 126
+        state["branches"].append((branch, good))
+        return tree
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        state["generators"].append(self)
+
+    monkeypatch.setattr(XPressDrafterModel, "propose_tree", propose_tree)
+    monkeypatch.setattr(XPressCandidateGenerator, "__init__", init)
+    return state
+
+
+@pytest.mark.parametrize("refiner", REFINERS)
+def test_accepted_side_branches_keep_exactly_the_path_in_both_caches(target, refiner, oracle):
+    drafter = tiny_drafter(target, refiner, num_assistant_tokens=5)
+    ids = torch.randint(0, 126, (1, 9))
+    long_run = target.generate(ids, max_new_tokens=80, do_sample=False)
+    oracle["continuation"] = long_run[0]
+    cache = DynamicCache(config=target.config)
+    ours = _tree_generate(target, ids, drafter, 3, max_new_tokens=80, cache=cache)
+    assert torch.equal(ours, long_run)
+    stats = drafter.stats
+    side = sum(1 for (branch, good), a in zip(oracle["branches"], stats.accepted) if branch > 0 and a > 0)
+    assert side >= 5 and max(stats.accepted) == 5 and stats.tau > 2
+
+    # the target's cache: every committed token but the last, as one forward over them would give
+    fresh = DynamicCache(config=target.config)
+    target(ours[:, :-1], cache=fresh, use_cache=True)
+    assert cache.get_seq_length() == ours.shape[1] - 1
+    for mine, theirs in zip(cache.layers, fresh.layers):
+        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(mine.values, theirs.values, rtol=1e-4, atol=1e-5)
+
+    # the drafter's cache: the target features of the verified tokens before the last anchor, in order
+    generator = oracle["generators"][-1]
+    n = generator.context_length
+    out = target(ours[:, :n], output_hidden_states=True)
+    feats = torch.cat([out.hidden_states[i + 1] for i in drafter.config.target_layer_ids], dim=-1)
+    reference = DynamicCache()
+    drafter(torch.zeros(1, 16, 64), feats, cache=reference)
+    reference.crop(-16)
+    for mine, theirs in zip(generator.cache.layers, reference.layers):
+        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-4)
+
+    # EOS inside an accepted branch: the output stops exactly where plain generate stops
+    eos = int(long_run[0, ids.shape[1] + 23])
+    plain = target.generate(ids, max_new_tokens=80, do_sample=False, eos_token_id=eos)
+    assert torch.equal(_tree_generate(target, ids, drafter, 3, max_new_tokens=80, eos_token_id=eos), plain)
+    assert plain.shape[1] < long_run.shape[1]
+
+
+def test_keep_cache_rows_moves_the_path_and_drops_the_rest():
+    cache = DynamicCache()
+    keys = torch.arange(10.0).view(1, 1, 10, 1).expand(1, 2, 10, 3).contiguous()
+    cache.update(keys, keys + 100, 0)
+    keep_cache_rows(cache, 4, [0, 3, 4])  # entries 4, 7, 8 -> 4, 5, 6
+    assert cache.layers[0].keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 7, 8]
+    assert cache.layers[0].values[0, 1, :, 0].tolist() == [100, 101, 102, 103, 104, 107, 108]
+    keep_cache_rows(cache, 2, [0, 1])  # contiguous: a crop
+    assert cache.get_seq_length() == 4
+
+
+def test_tree_attention_mask_lets_a_token_see_only_its_ancestors():
+    mask = tree_attention_mask(width=2, depth=2, past=3, dtype=torch.float32)
+    seen = (mask[0, 0] == 0).int().tolist()
+    assert seen == [
+        [1, 1, 1, 1, 0, 0, 0, 0],  # anchor: the cache and itself
+        [1, 1, 1, 1, 1, 0, 0, 0],  # branch 0, slot 1
+        [1, 1, 1, 1, 1, 1, 0, 0],  # branch 0, slot 2
+        [1, 1, 1, 1, 0, 0, 1, 0],  # branch 1, slot 1
+        [1, 1, 1, 1, 0, 0, 1, 1],  # branch 1, slot 2
+    ]
+
+
+def test_walk_follows_the_target_through_the_matching_branch():
+    tree = [[5, 6, 7], [8, 9, 10]]
+    # rows: 0 anchor, 1-3 branch 0, 4-6 branch 1; the target picks 8 after the anchor, then 9, then 11
+    choices = [8, 0, 0, 0, 9, 11, 0]
+    assert _walk(tree, choices) == ([0, 4, 5], [8, 9, 11])
+    assert _walk(tree, [3, 0, 0, 0, 0, 0, 0]) == ([0], [3])
+    assert _walk(tree, [5, 6, 7, 2, 0, 0, 0]) == ([0, 1, 2, 3], [5, 6, 7, 2])
+
+
+def test_unsupported_requests_are_clear_errors(target):
+    drafter = tiny_drafter(target)
+    ids = torch.randint(0, 126, (1, 5))
+    with pytest.raises(ValueError, match="greedy only"):
+        target.generate(ids, custom_generate=tree_decoding, drafter=drafter, do_sample=True, max_new_tokens=4)
+    with pytest.raises(ValueError, match="batch size 1"):
+        _tree_generate(target, torch.randint(0, 126, (2, 5)), drafter, 2, max_new_tokens=4)
+    with pytest.raises(ValueError, match="needs drafter="):
+        target.generate(ids, custom_generate=tree_decoding, max_new_tokens=4)
+    with pytest.raises(ValueError, match="needs drafter="):
+        _tree_generate(target, ids, tiny_target("llama"), 2, max_new_tokens=4)
+    with pytest.raises(ValueError, match="tree_width must be at least 1"):
+        _tree_generate(target, ids, drafter, 0, max_new_tokens=4)
+    with pytest.raises(ValueError, match="return_dict_in_generate"):
+        _tree_generate(target, ids, drafter, 2, max_new_tokens=4, return_dict_in_generate=True)
+    with pytest.raises(ValueError, match="unpadded"):
+        _tree_generate(target, ids, drafter, 2, max_new_tokens=4, attention_mask=torch.tensor([[0, 1, 1, 1, 1]]))
+    other = tiny_target("qwen3", num_hidden_layers=4)
+    with pytest.raises(ValueError, match="built for another target"):
+        _tree_generate(target, ids, tiny_drafter(other), 2, max_new_tokens=4)
+
+
+def test_a_sliding_window_target_is_refused_with_the_reason():
+    target = tiny_target("qwen3", layer_types=["sliding_attention", "full_attention"] * 3, sliding_window=8,
+                         use_sliding_window=True)
+    with pytest.raises(ValueError, match="DynamicCache of full-attention layers"):
+        _tree_generate(target, torch.randint(0, 126, (1, 5)), tiny_drafter(target), 2, max_new_tokens=4)
+
+
+def test_package_exports_tree_decoding():
+    assert hf_xpress.tree_decoding is tree_decoding

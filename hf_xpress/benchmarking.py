@@ -104,7 +104,8 @@ class Method:
 
     kind: "plain", "pld" (prompt lookup), "assisted" (classic assistant), "native-dflash", "dflash" / "markov" /
     "xpress" (ours, by the drafter's refiner), or "custom" (``runner(target, input_ids, generate_kwargs)`` returns
-    the output ids; used by tests and for experiments).
+    the output ids; used by tests and for experiments). Ours with `tree` set verify a draft tree of that width
+    (`hf_xpress.tree_decoding`; greedy only) instead of a chain.
     """
 
     name: str
@@ -117,6 +118,7 @@ class Method:
     drafts: int | None = None  # ours: num_assistant_tokens, drafts per round (None: B-1)
     confidence: float = 0.0  # ours: assistant_confidence_threshold (0: off)
     draft_vocab: bool = True  # ours: draft among the drafter's stored draft vocabulary, if it has one
+    tree: int | None = None  # ours: tree verification with this many slot-1 branches (None: a chain)
     generate_kwargs: dict = field(default_factory=dict)
     runner: Callable | None = None
 
@@ -127,7 +129,7 @@ class Method:
         if self.ours:
             out.update(shortlist=self.shortlist, drafts=self.drafts, confidence=self.confidence,
                        draft_vocab=self.draft_vocab and getattr(self.model, "draft_vocab", None) is not None,
-                       prompt_lookup=self.generate_kwargs.get("prompt_lookup_num_tokens"))
+                       prompt_lookup=self.generate_kwargs.get("prompt_lookup_num_tokens"), tree=self.tree)
         if self.model is not None and getattr(self.model, "config", None) is not None:
             cfg = self.model.config
             out["model"] = {
@@ -162,6 +164,7 @@ def build_methods(
     prompt_lookup: int | None = PROMPT_LOOKUP_TOKENS,
     native_dflash: bool = True,
     with_lookup: Iterable[bool] = (False,),
+    trees: Iterable[int | None] = (None,),
 ) -> list[Method]:
     """The method list: plain, prompt lookup, assisted (if `assistant`), native DFlash, then ours per drafter.
 
@@ -171,14 +174,16 @@ def build_methods(
     the Markov head and xPress also at every shortlist; names carry " sl<M>", " n<drafts>", " c<threshold>". A drafter
     with a stored draft vocabulary also runs without it where `draft_vocabs` holds False (names carry " allV"). Where
     `with_lookup` holds True, each of ours also runs with prompt lookup first (`prompt_lookup_num_tokens` =
-    `prompt_lookup`, or the default when prompt lookup alone is off; names carry " +pld").
+    `prompt_lookup`, or the default when prompt lookup alone is off; names carry " +pld"). Each tree width in
+    `trees` (None: the chain) runs each of ours with tree verification (names carry " tree<W>"); a tree ignores the
+    confidence threshold and prompt lookup, so it runs once per drafts-per-round setting.
     """
-    passes, early_stop, shortlists = list(passes), list(early_stop), list(shortlists)
+    passes, early_stop, shortlists, trees = list(passes), list(early_stop), list(shortlists), list(trees)
 
     def submission(name: str, **method) -> list[Method]:
         """`name` at every drafts-per-round x confidence-threshold (x draft-vocabulary on/off) setting."""
         has_vocab = getattr(method["model"], "draft_vocab", None) is not None
-        return [
+        chains = [
             Method(name + (f" n{n}" if n else "") + (f" c{c:g}" if c else "") + ("" if dv else " allV")
                    + (" +pld" if lookup else ""),
                    drafts=n, confidence=c, draft_vocab=dv,
@@ -186,6 +191,12 @@ def build_methods(
                    **method)
             for n in drafts for c in confidences for dv in (list(draft_vocabs) if has_vocab else [True])
             for lookup in with_lookup
+        ] if None in trees else []
+        return chains + [
+            Method(name + (f" n{n}" if n else "") + ("" if dv else " allV") + f" tree{w}", drafts=n, draft_vocab=dv,
+                   tree=w, **method)
+            for w in trees if w is not None
+            for n in drafts for dv in (list(draft_vocabs) if has_vocab else [True])
         ]
 
     methods = [Method(PLAIN, "plain")]
@@ -354,7 +365,13 @@ def run_once(
 ) -> dict:
     """Generate once with `method`; return new tokens, wall time, target forwards, rounds and drafter stats."""
     kwargs = _generate_kwargs(target, max_new_tokens, temperature) | method.generate_kwargs
-    if method.kind in ("assisted", "dflash", "markov", "xpress"):
+    if method.tree is not None:
+        if temperature and temperature > 0:
+            raise ValueError(f"{method.name}: tree verification is greedy only")
+        from .tree_decoding import tree_decoding
+
+        kwargs.update(custom_generate=tree_decoding, drafter=method.model, tree_width=method.tree)
+    elif method.kind in ("assisted", "dflash", "markov", "xpress"):
         kwargs["assistant_model"] = method.model
     elif method.kind == "native-dflash":
         kwargs.update(assistant_model=method.model, speculation_type="dflash")
@@ -382,6 +399,8 @@ def run_once(
     }
     if method.ours and getattr(method.model, "stats", None) is not None:
         stats = method.model.stats.as_dict()
+        if method.tree is not None:  # no candidate generator round trips to record: the loop's own counts
+            result["proposed"], result["accepted"] = stats["proposed"], stats["accepted"]
         result["stats"] = {k: stats[k] for k in ("rounds", "passes", "lookup", "draft_time", "refine_time", "verify_time")}
     return result
 
@@ -522,6 +541,8 @@ def run_benchmark(
                 warm_tokens = min(max_new_tokens, 2 * _block_size(methods) + 2)
                 for method in methods:
                     for temperature in temperatures:
+                        if method.tree is not None and temperature > 0:
+                            continue
                         run_once(target, method, ids, max_new_tokens=warm_tokens, temperature=temperature,
                                  seed=seed, recorder=recorder)
         bar = tqdm(total=total, desc="bench", unit="run", disable=not progress, file=sys.stderr, dynamic_ncols=True)
@@ -534,6 +555,9 @@ def run_benchmark(
                     index += 1
                     by_method = {}
                     for method in order:
+                        if method.tree is not None and temperature > 0:  # greedy only
+                            bar.update(1)
+                            continue
                         bar.set_postfix_str(f"T={temperature:g} {set_name} {method.name}", refresh=False)
                         result = run_once(target, method, ids, max_new_tokens=max_new_tokens,
                                           temperature=temperature, seed=seed + index, recorder=recorder)
@@ -543,6 +567,8 @@ def run_benchmark(
                         bar.update(1)
                     reference = by_method[PLAIN]["tokens"]
                     for method in methods:
+                        if method.name not in by_method:
+                            continue
                         result = by_method[method.name]
                         result["mismatch"] = None
                         if temperature == 0 and method.kind != "plain":
@@ -1456,6 +1482,7 @@ def main(args: argparse.Namespace) -> int:
         prompt_lookup=None if args.no_prompt_lookup else args.prompt_lookup_tokens,
         native_dflash=not args.no_native_dflash,
         with_lookup=_on_off_list(args.with_lookup, "--with-lookup"),
+        trees=_optional_ints(args.tree),
     )
     if args.methods:
         methods = select_methods(methods, args.methods)
@@ -1526,6 +1553,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="assistant_confidence_threshold values for our methods, e.g. 0,0.3 (0: off)")
     p.add_argument("--methods", help="only these methods (names or kinds: pld, assisted, native-dflash, dflash, "
                    "markov, xpress, 'xpress K=4 es'; a method's exact name wins over a kind); plain always runs")
+    p.add_argument("--tree", default="none",
+                   help="our methods with tree verification of this many slot-1 branches (hf_xpress.tree_decoding; "
+                   "greedy only; names end in ' tree<W>'), e.g. none,2,3 (none: chain verification)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=PROMPT_LOOKUP_TOKENS)
     p.add_argument("--with-lookup", default="off",
                    help="our methods with prompt lookup first (drafter rounds only where lookup finds nothing; "

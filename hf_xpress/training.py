@@ -1838,11 +1838,11 @@ def greedy_reference(target: Any, tokenizer: Any, sets: list[str], limit: int, m
 
 @torch.no_grad()
 def measure_tau(target: Any, tokenizer: Any, drafter: XPressDrafterModel, sets: list[str], limit: int,
-                max_new_tokens: int = 128, reference: dict | None = None) -> dict:
+                max_new_tokens: int = 128, reference: dict | None = None, tree_width: int | None = None) -> dict:
     """Greedy `target.generate(..., assistant_model=drafter)` on the first `limit` prompts of each set; returns per
     set the pooled tau (accepted drafts / rounds + 1), per-prompt accepted drafts and rounds, per-slot acceptance,
     and how many outputs equal plain greedy `generate` token for token (`reference` from `greedy_reference`, or
-    computed here)."""
+    computed here). With `tree_width`, tree verification of that many branches (`hf_xpress.tree_decoding`)."""
     import hf_xpress  # noqa: F401  (installs the candidate generator)
 
     from .assets import apply_chat_template, load_prompts
@@ -1859,7 +1859,13 @@ def measure_tau(target: Any, tokenizer: Any, drafter: XPressDrafterModel, sets: 
                 plain = reference[name][record.id]
             else:
                 plain = target.generate(ids, **kwargs)[0, ids.shape[1] :].tolist()
-            spec = target.generate(ids, assistant_model=drafter, **kwargs)
+            if tree_width:
+                from .tree_decoding import tree_decoding
+
+                spec = target.generate(ids, custom_generate=tree_decoding, drafter=drafter, tree_width=tree_width,
+                                       **kwargs)
+            else:
+                spec = target.generate(ids, assistant_model=drafter, **kwargs)
             stats = drafter.stats
             identical += int(spec[0, ids.shape[1] :].tolist() == plain)
             accepted += sum(stats.accepted)
@@ -1902,14 +1908,15 @@ def tau_main(args: argparse.Namespace) -> int:
     drafter = XPressDrafterModel.from_pretrained(args.drafter, dtype=torch.float32).eval()
     passes = [] if args.passes is None else [f"jacobi_passes={args.passes}"]
     apply_inference_settings(drafter.config, passes + (args.set or []))
-    res = measure_tau(target, tokenizer, drafter, sets, args.limit, args.max_new_tokens, reference)
+    res = measure_tau(target, tokenizer, drafter, sets, args.limit, args.max_new_tokens, reference, args.tree)
     c = drafter.config  # every inference setting the figures depend on (the drafter's own defaults are used)
     res["_setup"] = {"drafter": args.drafter, "refiner": c.refiner, "target": args.target, "target_dtype": "float32",
                      "greedy": True,
                      "max_new_tokens": args.max_new_tokens, "limit": args.limit, "jacobi_passes": c.jacobi_passes,
                      "jacobi_early_stop": c.jacobi_early_stop, "num_assistant_tokens": c.num_assistant_tokens,
                      "assistant_confidence_threshold": c.assistant_confidence_threshold,
-                     "refiner_shortlist": c.refiner_shortlist, "draft_vocab_size": c.draft_vocab_size}
+                     "refiner_shortlist": c.refiner_shortlist, "draft_vocab_size": c.draft_vocab_size,
+                     "tree_width": args.tree}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
     return 0
@@ -1927,6 +1934,8 @@ def add_tau_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", help="override an inference setting of the drafter's config, "
                    f"KEY=JSON_VALUE (repeatable; KEY one of {', '.join(INFERENCE_SETTINGS)}), e.g. "
                    "num_assistant_tokens=15 to verify the whole block")
+    p.add_argument("--tree", type=int, default=None, help="tree verification with this many slot-1 branches "
+                   "(hf_xpress.tree_decoding; default: chain verification)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None)
     p.set_defaults(func=tau_main)

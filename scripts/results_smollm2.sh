@@ -26,6 +26,7 @@
 #   bash scripts/results_smollm2.sh run9-speed  # the ninth run's drafters (fifteenth session), the same as run8-speed
 #   bash scripts/results_smollm2.sh run10-speed # the tenth run's drafters (sixteenth session), the same as run8-speed
 #   bash scripts/results_smollm2.sh run11-speed # the eleventh run's drafters (seventeenth session), the same
+#   bash scripts/results_smollm2.sh tree-speed  # the shipped drafters, chains (threshold 0 / 0.2) against trees of 2 and 3 branches
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -112,6 +113,11 @@ case "${1:-all}" in
     ;;
   run4-speed2)
     speed results/smollm2-bf16-run4-speed2 "${D4[@]}"
+    ;;
+  tree-speed)
+    # Eighteenth session: tree verification (hf_xpress.tree_decoding; greedy) of 2 and 3 slot-1 branches, 2 drafts
+    # per branch, against the chains at the shipped settings, bf16, same prompts, interleaved.
+    speed results/smollm2-bf16-tree-speed "${D[@]}" --tree none,2,3
     ;;
   run5-t1)
     t1 results/smollm2-bf16-run5-t1 "${D[@]}"

@@ -50,6 +50,7 @@
 #   bash scripts/train_smollm2.sh continue11 # eleventh run: the tenth run's folders continue as slots2-ab's 2x8 arm
 #   bash scripts/train_smollm2.sh tau11     # the eleventh run's tau on 24 prompts per set, at the shipped settings
 #   bash scripts/train_smollm2.sh ship11    # ship the eleventh run's drafters
+#   bash scripts/train_smollm2.sh tau-tree  # the shipped drafters with tree verification (TREE=3 branches), LIMIT (24) prompts/set
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -454,6 +455,17 @@ PY
     [[ -L runs/smollm2-xpress-11 && ! -e results/training/tau-xpress-11.json ]] &&
       cp results/training/tau-xpress-ab-s2b8.json results/training/tau-xpress-11.json
     ship -11 final
+    ;;
+  tau-tree)
+    # The shipped drafters, greedy with tree verification (hf_xpress.tree_decoding) of TREE (default 3) slot-1
+    # branches, at their shipped drafts per round, on the prompts and greedy reference of tau11.
+    for refiner in ${REFINERS:-none markov xpress}; do
+      name=${refiner/none/dflash}
+      python -m hf_xpress.training tau --drafter "drafters/smollm2-135m-$name-b16" --reference "$REF24" \
+        --sets humaneval,mtbench,math500 --limit "${LIMIT:-24}" --threads 1 --tree "${TREE:-3}" \
+        --out "results/training/tau-$refiner-11-tree${TREE:-3}.json" &
+    done
+    wait
     ;;
   grow-probe)
     # Capacity probe before a ninth run: the eighth run's dFlash drafter continues PROBE_STEPS (600) steps on mix7 as it

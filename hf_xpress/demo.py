@@ -26,8 +26,10 @@ def run_demo(
     prompts: tuple[str, ...] = DEMO_PROMPTS,
     max_new_tokens: int = 96,
     dtype: str = "float32",
+    tree: int | None = None,
 ) -> list[dict]:
-    """Generate each prompt with plain greedy decoding, then with the drafter; print and return the figures."""
+    """Generate each prompt with plain greedy decoding, then with the drafter (chain verification, or with `tree`
+    tree verification of that many slot-1 branches); print and return the figures."""
     import hf_xpress  # noqa: F401  (the generate() hook)
 
     torch_dtype = getattr(torch, dtype)
@@ -36,7 +38,11 @@ def run_demo(
         raise FileNotFoundError(f"The shipped drafter is missing at {drafter}; pass --drafter PATH_OR_HUB_ID.")
     assistant = AutoModel.from_pretrained(str(drafter), dtype=torch_dtype).eval()
     print(f"target {target} ({dtype}), drafter {drafter} (refiner={assistant.config.refiner}, "
-          f"K={assistant.config.jacobi_passes}), {torch.get_num_threads()} threads\n")
+          f"K={assistant.config.jacobi_passes}), {f'tree of {tree} branches' if tree else 'chain'} verification, "
+          f"{torch.get_num_threads()} threads\n")
+    speculative = dict(assistant_model=assistant)
+    if tree:
+        speculative = dict(custom_generate=hf_xpress.tree_decoding, drafter=assistant, tree_width=tree)
     rows = []
     for prompt in prompts:
         ids = torch.tensor([apply_chat_template(tokenizer, [{"role": "user", "content": prompt}])])
@@ -44,7 +50,7 @@ def run_demo(
         plain = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
         t_plain = time.perf_counter() - start
         start = time.perf_counter()
-        fast = model.generate(ids, assistant_model=assistant, max_new_tokens=max_new_tokens, do_sample=False)
+        fast = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, **speculative)
         t_fast = time.perf_counter() - start
         new = fast.shape[1] - ids.shape[1]
         row = {
@@ -69,11 +75,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--prompt", action="append", help="a prompt (repeatable); default: three built-in prompts")
+    parser.add_argument("--tree", type=int, default=None,
+                        help="tree verification of this many slot-1 branches (hf_xpress.tree_decoding); default: chain")
     parser.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
     """Exit status 1 when an fp32 output differs from plain `generate` (a bug: fp32 greedy decoding is exact); bf16
     outputs may drift at near-ties of the target's logits, so there the demo only reports them."""
-    rows = run_demo(args.target, args.drafter, tuple(args.prompt or DEMO_PROMPTS), args.max_new_tokens, args.dtype)
+    rows = run_demo(args.target, args.drafter, tuple(args.prompt or DEMO_PROMPTS), args.max_new_tokens, args.dtype,
+                    args.tree)
     return int(args.dtype == "float32" and not all(row["identical"] for row in rows))

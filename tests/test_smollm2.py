@@ -47,6 +47,33 @@ def test_greedy_is_exactly_plain_generate_on_real_prompts(smollm2):
             assert torch.equal(plain, ours), (name, tokenizer.decode(ids[0]))
 
 
+def test_tree_verification_of_the_shipped_drafters_is_exact_and_accepts_side_branches(smollm2):
+    """`custom_generate=hf_xpress.tree_decoding` with each shipped drafter, fp32: token for token plain greedy
+    `generate`, and some rounds accept a branch other than the drafter's first choice (what the tree is for)."""
+    import hf_xpress
+
+    model, tokenizer = smollm2
+    prompts = _chat_ids(tokenizer, load_prompts("humaneval", limit=1) + load_prompts("mtbench", limit=1))
+    shipped = {name: d for name, d in _drafters(model).items() if not name.startswith("random-")}
+    if len(shipped) != 3:
+        pytest.fail(f"expected the three shipped drafters in {SHIPPED}, found {sorted(shipped)}")
+    for name, drafter in shipped.items():
+        side = 0
+        for ids in prompts:
+            plain = model.generate(ids, max_new_tokens=40, do_sample=False)
+            ours = model.generate(ids, custom_generate=hf_xpress.tree_decoding, drafter=drafter.eval(), tree_width=3,
+                                  max_new_tokens=40, do_sample=False)
+            assert torch.equal(plain, ours), (name, tokenizer.decode(ids[0]))
+            new, stats, width = ours[0, ids.shape[1] :].tolist(), drafter.stats, 3
+            position = 1  # the prefill's token is new[0]; round r's slot 1 is new[position]
+            for accepted, drafts in zip(stats.accepted, stats.drafts):
+                depth = len(drafts) // width
+                firsts = drafts[::depth]  # each branch's slot-1 token
+                side += accepted > 0 and position < len(new) and new[position] in firsts[1:]
+                position += accepted + 1
+        assert side > 0, name
+
+
 def test_pipeline_streamer_and_stop_strings(smollm2):
     model, tokenizer = smollm2
     drafter = XPressDrafterModel.from_target(model, refiner="xpress", num_hidden_layers=2, mask_token_id=16).eval()

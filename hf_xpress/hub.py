@@ -128,7 +128,8 @@ print(tokenizer.decode(out[0]))
 ```
 
 Pass `assistant_model=AutoModel.from_pretrained("{repo_id}", trust_remote_code=True)` to reuse a loaded drafter, and
-`jacobi_passes=K` to change the number of refinement passes.
+`jacobi_passes=K` to change the number of refinement passes; `tree_width=3` verifies a tree of the drafter's 3 best
+first tokens, each continued on its own branch (greedy only).
 """
 
 
@@ -154,7 +155,7 @@ def _ensure_remote_code(drafter, folder: Path) -> None:
 
 def write_custom_generate(folder: str | os.PathLike, drafter_source: str | None) -> Path:
     """Write `custom_generate/` into a published folder: `generate.py` (a copy of `hf_xpress/custom_generate.py`),
-    the files it imports (`generation.py` and the modeling files) and `requirements.txt`.
+    the files it imports (`generation.py`, `tree_decoding.py` and the modeling files) and `requirements.txt`.
 
     `drafter_source` is what the recipe loads when the caller passes no drafter: the Hub repo id it is published in.
     """
@@ -166,7 +167,7 @@ def write_custom_generate(folder: str | os.PathLike, drafter_source: str | None)
     if drafter_source is not None:
         text = text.replace(f'DRAFTER = "{_DRAFTER_MARKER}"', f"DRAFTER = {str(drafter_source)!r}")
     (target / "generate.py").write_text(text)
-    for name in (*REMOTE_CODE_FILES, "generation.py"):
+    for name in (*REMOTE_CODE_FILES, "generation.py", "tree_decoding.py"):
         shutil.copyfile(package / name, target / name)
     (target / "requirements.txt").write_text(CUSTOM_GENERATE_REQUIREMENTS)
     return target / "generate.py"

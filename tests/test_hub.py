@@ -92,6 +92,7 @@ def test_published_folder_holds_weights_config_remote_code_card_and_custom_gener
         "custom_generate/generation.py",
         "custom_generate/modeling_xpress.py",
         "custom_generate/requirements.txt",
+        "custom_generate/tree_decoding.py",
         "model.safetensors",
         "modeling_xpress.py",
     ]
@@ -170,7 +171,11 @@ REMOTE_ONLY = """
         ids = target.generate(torch.tensor([prompt]), custom_generate=folder, trust_remote_code=True,
                               xpress_drafter=folder, max_new_tokens=MAX_NEW, do_sample=False)
         self_loaded.append(ids[0].tolist())
+    # tree verification through the same recipe
+    tree = target.generate(torch.tensor([PROMPTS[0]]), custom_generate=folder, trust_remote_code=True,
+                           xpress_drafter=folder, tree_width=2, max_new_tokens=MAX_NEW, do_sample=False)[0].tolist()
     plain = target.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=MAX_NEW, do_sample=False)[0].tolist()
+    assert tree == plain, "tree verification through custom_generate must equal plain greedy"
     assert "_get_candidate_generator" not in vars(target), "the per-call hook must be removed"
     save_file(drafter.state_dict(), out + ".safetensors")
     json.dump({{"runs": runs, "self_loaded": self_loaded, "plain": plain, "module": type(drafter).__module__,

@@ -22,7 +22,9 @@ per slot for all branches.
 It plugs into transformers' public `custom_generate` hook (a callable): `generate` prepares the generation config,
 logits processors, stopping criteria and the cache, then hands the decoding loop to `tree_decoding`. transformers
 passes such a callable only the keyword arguments its signature adds to `_sample`'s, so the drafter comes as
-`drafter=` (not `assistant_model=`) and a `streamer` given to `generate` does not reach it.
+`drafter=` (not `assistant_model=`), and neither a `streamer` nor a `tokenizer` given to `generate` reaches it: stop
+strings come as `stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, [...])])`. Every stopping
+criterion is checked after each committed token, so the output stops where plain `generate` stops.
 
 Limits, each with a clear error: greedy only (sampling from a tree needs multi-draft rejection sampling, which is not
 implemented; chains sample losslessly), batch size 1 without padding (like transformers' assisted generation), token
@@ -156,7 +158,6 @@ def tree_decoding(
     generator = XPressCandidateGenerator(model, drafter, generation_config, logits_processor)
     stats, clock, overrides = generator.stats, generator._clock, generator.model_kwargs_overrides
     lm_head = generator.main_model_output_embeddings
-    eos = generation_config._eos_token_tensor
     max_length = generation_config.max_length
 
     outputs = model(input_ids, cache=cache, use_cache=True, logits_to_keep=1, **overrides)
@@ -188,11 +189,14 @@ def tree_decoding(
         )
         logits = outputs.logits[0].float()
         rows, new = _walk(tree.tolist(), _greedy_choices(logits, logits_processor, input_ids, tree).tolist())
-        # As transformers' assisted decoding: never past max_length, nothing after an EOS token.
+        # Never past max_length, and nothing after the first token at which a stopping criterion fires (EOS, a stop
+        # string, ...): plain `generate` checks them after every token.
         new = new[: max_length - length]
-        if eos is not None:
-            ends = [i for i, t in enumerate(new) if t in eos.tolist()]
-            new = new[: ends[0] + 1] if ends else new
+        for i in range(len(new) - 1):
+            partial = torch.cat([input_ids, input_ids.new_tensor([new[: i + 1]])], dim=1)
+            if bool(stopping_criteria(partial, logits[rows[i] : rows[i] + 1]).all()):
+                new = new[: i + 1]
+                break
         rows = rows[: len(new)]  # the anchor and the committed drafts; the last committed token is the next anchor
         keep_cache_rows(cache, length - 1, rows)
         input_ids = torch.cat([input_ids, torch.tensor([new], dtype=input_ids.dtype, device=input_ids.device)], dim=1)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModel, TextIteratorStreamer, pipeline
+from transformers import AutoModel, StoppingCriteriaList, StopStringCriteria, TextIteratorStreamer, pipeline
 
 from hf_xpress import XPressDrafterModel
 from hf_xpress.assets import apply_chat_template, load_prompts, load_target
@@ -72,6 +72,12 @@ def test_tree_verification_of_the_shipped_drafters_is_exact_and_accepts_side_bra
                 side += accepted > 0 and position < len(new) and new[position] in firsts[1:]
                 position += accepted + 1
         assert side > 0, name
+    # stop strings: transformers hands a custom_generate callable no `tokenizer`, so they come as a criterion
+    stop = StoppingCriteriaList([StopStringCriteria(tokenizer, ["\n"])])
+    plain = model.generate(prompts[1], max_new_tokens=40, do_sample=False, stop_strings=["\n"], tokenizer=tokenizer)
+    ours = model.generate(prompts[1], custom_generate=hf_xpress.tree_decoding, drafter=shipped[name], tree_width=3,
+                          max_new_tokens=40, do_sample=False, stopping_criteria=stop)
+    assert torch.equal(plain, ours)
 
 
 def test_pipeline_streamer_and_stop_strings(smollm2):

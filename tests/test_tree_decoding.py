@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.cache_utils import DynamicCache
 
 import hf_xpress
@@ -142,6 +143,22 @@ def test_accepted_side_branches_keep_exactly_the_path_in_both_caches(target, ref
     plain = target.generate(ids, max_new_tokens=80, do_sample=False, eos_token_id=eos)
     assert torch.equal(_tree_generate(target, ids, drafter, 3, max_new_tokens=80, eos_token_id=eos), plain)
     assert plain.shape[1] < long_run.shape[1]
+
+    # any stopping criterion fires at the same token as in plain generate, also in the middle of a branch
+    stop = StopAt(int(long_run[0, ids.shape[1] + 31]))
+    plain = target.generate(ids, max_new_tokens=80, do_sample=False, stopping_criteria=StoppingCriteriaList([stop]))
+    ours = _tree_generate(target, ids, drafter, 3, max_new_tokens=80, stopping_criteria=StoppingCriteriaList([stop]))
+    assert torch.equal(ours, plain) and plain.shape[1] < long_run.shape[1]
+
+
+class StopAt(StoppingCriteria):
+    """Stops once `token` has been generated (a stand-in for stop strings and other custom criteria)."""
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        return input_ids[:, -1] == self.token
 
 
 def test_keep_cache_rows_moves_the_path_and_drops_the_rest():

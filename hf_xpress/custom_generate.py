@@ -58,7 +58,7 @@ def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_pas
     def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
                                  assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
         if assistant_model is drafter and generation_config.speculation_type != "dflash":
-            return XPressCandidateGenerator(self, drafter, generation_config, logits_processor)
+            return XPressCandidateGenerator(self, drafter, generation_config, logits_processor, target_tokenizer)
         return original_get(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
                             assistant_model, target_tokenizer, assistant_tokenizer)
 

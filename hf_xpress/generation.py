@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, StopStringCriteria
 from transformers.cache_utils import DFlashCache
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator, PromptLookupCandidateGenerator
 from transformers.generation.logits_process import (
@@ -110,6 +110,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         assistant_model,
         generation_config: GenerationConfig,
         logits_processor: LogitsProcessorList | None = None,
+        tokenizer=None,
     ):
         check_compatible(target.config, assistant_model.config)
         super().__init__(
@@ -141,6 +142,13 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         self.confidence_threshold = float(self.config.assistant_confidence_threshold)
         cap = self.config.num_assistant_tokens
         self.num_assistant_tokens = self.block_size - 1 if cap is None else max(1, min(int(cap), self.block_size - 1))
+        # transformers checks stop strings only at the end of a round, so a string that a round's accepted drafts
+        # complete before its last token would not stop generation: drafts end before any such token.
+        self.stop = None
+        if generation_config.stop_strings:
+            if tokenizer is None:
+                raise ValueError("stop_strings need the target's tokenizer: pass tokenizer= to generate.")
+            self.stop = StopStringCriteria(tokenizer, generation_config.stop_strings)
         self.lookup = None
         if generation_config.prompt_lookup_num_tokens:
             if generation_config.assistant_ensemble_weight is not None:
@@ -189,7 +197,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         if self.lookup is not None:
             found, _ = self.lookup.get_candidates(input_ids)
             room = self.main_model_max_length - input_ids.shape[1] - 1  # as for the drafter's drafts
-            num_found = min(found.shape[1] - input_ids.shape[1], room)
+            num_found = self._before_stop(input_ids, found[0, input_ids.shape[1] :].tolist()[:room])
             if num_found > 0:
                 return self._lookup_round(found[:, : input_ids.shape[1] + num_found], num_found, start)
         hidden = self._draft_forward(input_ids)
@@ -217,7 +225,11 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         )
         if self.confidence_threshold > 0:
             num_drafts = self._confident_prefix(proposal.token_log_probs())
+        if self.stop is not None:
+            num_drafts = self._before_stop(input_ids, proposal.tokens[0, :num_drafts].tolist())
         end = self._clock()
+        if num_drafts == 0:  # the first draft would complete a stop string: a plain target step
+            return input_ids, None
 
         self.stats.draft_time += drafted - start
         self.stats.refine_time += end - drafted
@@ -231,6 +243,17 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         none is)."""
         low = (log_probs[0] < math.log(self.confidence_threshold)).nonzero()
         return int(low[0]) + 1 if low.numel() else log_probs.shape[1]
+
+    def _before_stop(self, input_ids: torch.LongTensor, drafts: list[int]) -> int:
+        """How many of `drafts` to submit: all those before the first one whose acceptance would complete a stop
+        string (transformers checks stopping criteria on a round's last token only). All without stop strings."""
+        if self.stop is None:
+            return len(drafts)
+        for j in range(len(drafts)):
+            sequence = torch.cat([input_ids, input_ids.new_tensor([drafts[: j + 1]])], dim=1)
+            if bool(self.stop(sequence, None).any()):
+                return j
+        return len(drafts)
 
     def _lookup_round(self, candidate_ids: torch.LongTensor, num_drafts: int, start: float):
         """A round drafted by prompt lookup: no drafter forward, no logits (verified by matching)."""
@@ -335,6 +358,7 @@ def install() -> None:
                 assistant_model=assistant,
                 generation_config=config,
                 logits_processor=bound.arguments.get("logits_processor"),
+                tokenizer=bound.arguments.get("target_tokenizer"),
             )
         return original(self, *args, **kwargs)
 

@@ -47,6 +47,24 @@ def test_greedy_is_exactly_plain_generate_on_real_prompts(smollm2):
             assert torch.equal(plain, ours), (name, tokenizer.decode(ids[0]))
 
 
+def test_stop_strings_stop_where_plain_generate_stops_with_a_trained_drafter(smollm2):
+    """transformers checks stop strings on a round's last token only: a string completed by an accepted draft before
+    it would run on. The candidate generator ends drafts before such a token (drafter and prompt-lookup rounds)."""
+    model, tokenizer = smollm2
+    drafter = AutoModel.from_pretrained(SHIPPED / "smollm2-135m-xpress-b16", dtype=torch.float32).eval()
+    drafter.config.assistant_confidence_threshold = 0.0  # two drafts every round: more chances to overrun
+    ids = torch.tensor([apply_chat_template(tokenizer, [{"role": "user", "content": "List three colours, one per line."}])])
+    stopped_early = 0
+    for stop in (["\n"], ["."], ["e"], ["Blue"]):
+        plain = model.generate(ids, max_new_tokens=40, do_sample=False, stop_strings=stop, tokenizer=tokenizer)
+        for extra in ({}, {"prompt_lookup_num_tokens": 10}):
+            ours = model.generate(ids, assistant_model=drafter, max_new_tokens=40, do_sample=False, stop_strings=stop,
+                                  tokenizer=tokenizer, **extra)
+            assert torch.equal(plain, ours), (stop, extra, tokenizer.decode(ours[0, ids.shape[1] :]))
+        stopped_early += plain.shape[1] - ids.shape[1] < 40
+    assert stopped_early == 4 and drafter.stats.tau > 1
+
+
 def test_tree_verification_of_the_shipped_drafters_is_exact_and_accepts_side_branches(smollm2):
     """`custom_generate=hf_xpress.tree_decoding` with each shipped drafter, fp32: token for token plain greedy
     `generate`, and some rounds accept a branch other than the drafter's first choice (what the tree is for)."""

@@ -176,7 +176,7 @@ def build_methods(
     `with_lookup` holds True, each of ours also runs with prompt lookup first (`prompt_lookup_num_tokens` =
     `prompt_lookup`, or the default when prompt lookup alone is off; names carry " +pld"). Each tree width in
     `trees` (None: the chain) runs each of ours with tree verification (names carry " tree<W>"); a tree ignores the
-    confidence threshold and prompt lookup, so it runs once per drafts-per-round setting.
+    confidence threshold, so it runs once per drafts-per-round (and prompt-lookup) setting.
     """
     passes, early_stop, shortlists, trees = list(passes), list(early_stop), list(shortlists), list(trees)
 
@@ -193,10 +193,12 @@ def build_methods(
             for lookup in with_lookup
         ] if None in trees else []
         return chains + [
-            Method(name + (f" n{n}" if n else "") + ("" if dv else " allV") + f" tree{w}", drafts=n, draft_vocab=dv,
-                   tree=w, **method)
+            Method(name + (f" n{n}" if n else "") + ("" if dv else " allV") + f" tree{w}" + (" +pld" if lookup else ""),
+                   drafts=n, draft_vocab=dv, tree=w,
+                   generate_kwargs={"prompt_lookup_num_tokens": prompt_lookup or PROMPT_LOOKUP_TOKENS} if lookup else {},
+                   **method)
             for w in trees if w is not None
-            for n in drafts for dv in (list(draft_vocabs) if has_vocab else [True])
+            for n in drafts for dv in (list(draft_vocabs) if has_vocab else [True]) for lookup in with_lookup
         ]
 
     methods = [Method(PLAIN, "plain")]

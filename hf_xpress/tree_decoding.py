@@ -26,6 +26,9 @@ passes such a callable only the keyword arguments its signature adds to `_sample
 strings come as `stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, [...])])`. Every stopping
 criterion is checked after each committed token, so the output stops where plain `generate` stops.
 
+With `prompt_lookup_num_tokens` (a generation setting, as for chains), a round first tries transformers' prompt
+lookup and verifies its continuation as a single branch; the drafter's tree runs only where lookup finds nothing.
+
 Limits, each with a clear error: greedy only (sampling from a tree needs multi-draft rejection sampling, which is not
 implemented; chains sample losslessly), batch size 1 without padding (like transformers' assisted generation), token
 ids only (no `return_dict_in_generate`), and a cache of full-attention `DynamicLayer`s (the default cache of
@@ -121,6 +124,16 @@ def _walk(tree: torch.LongTensor, choices: list[int]) -> tuple[list[int], list[i
     return rows, tokens + [target]
 
 
+def _lookup(generator: XPressCandidateGenerator, input_ids: torch.LongTensor, room: int) -> torch.LongTensor | None:
+    """With `prompt_lookup_num_tokens`: transformers' prompt lookup continuation of the sequence (at most `room`
+    tokens) as a one-branch tree `[1, n]`, or None (no lookup, or nothing found: the drafter's tree then)."""
+    if generator.lookup is None or room <= 0:
+        return None
+    found, _ = generator.lookup.get_candidates(input_ids)
+    found = found[:, input_ids.shape[1] :][:, :room]
+    return found if found.shape[1] > 0 else None
+
+
 def tree_decoding(
     model,
     input_ids: torch.LongTensor,
@@ -145,6 +158,8 @@ def tree_decoding(
     if generation_config.do_sample:
         raise ValueError("tree_decoding is greedy only (sampling from a tree needs multi-draft rejection sampling, not "
                          "implemented); for do_sample=True use generate(ids, assistant_model=drafter).")
+    if getattr(generation_config, "assistant_ensemble_weight", None) is not None:
+        raise ValueError("tree_decoding verifies against the target alone; assistant_ensemble_weight is not supported.")
     if input_ids.shape[0] != 1:
         raise ValueError(f"tree_decoding supports batch size 1; got {input_ids.shape[0]}. Call generate once per prompt.")
     if generation_config.return_dict_in_generate:
@@ -169,9 +184,14 @@ def tree_decoding(
 
     while not bool(stopping_criteria(input_ids, logits).all()):
         length = input_ids.shape[1]
-        depth = min(generator.num_assistant_tokens, max_length - length - 1)
+        room = max_length - length - 1
+        depth = min(generator.num_assistant_tokens, room)
         start = clock()
-        if depth > 0:
+        looked_up = _lookup(generator, input_ids, room)
+        if looked_up is not None:  # prompt lookup found a continuation: verify it as a one-branch tree
+            tree, depth = looked_up, looked_up.shape[1]
+            drafted = refined = clock()
+        elif depth > 0:
             hidden = generator._draft_forward(input_ids)
             base, vocab_ids = drafter.draft_scores(hidden[:, 1 : 1 + depth], lm_head)
             drafted = clock()
@@ -210,9 +230,10 @@ def tree_decoding(
             stats.verify_time += clock() - refined
             stats.accepted.append(len(new) - 1)
             stats.proposed.append(depth)
-            stats.passes.append(depth if drafter.config.refiner else 0)  # one refiner read per slot
+            # one refiner read per slot
+            stats.passes.append(depth if drafter.config.refiner and looked_up is None else 0)
             stats.drafts.append(tree.reshape(-1).tolist())
-            stats.lookup.append(False)
+            stats.lookup.append(looked_up is not None)
     return input_ids
 
 

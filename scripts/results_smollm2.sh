@@ -27,6 +27,8 @@
 #   bash scripts/results_smollm2.sh run10-speed # the tenth run's drafters (sixteenth session), the same as run8-speed
 #   bash scripts/results_smollm2.sh run11-speed # the eleventh run's drafters (seventeenth session), the same
 #   bash scripts/results_smollm2.sh tree-speed  # the shipped drafters, chains (threshold 0 / 0.2) against trees of 2 and 3 branches
+#   bash scripts/results_smollm2.sh tree-shape  # xPress trees: 3 or 4 branches of 2 or 3 drafts
+#   bash scripts/results_smollm2.sh tree-lookup  # the shipped drafters: chain (threshold 0.2) and tree of 3, each with and without prompt lookup first
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -118,6 +120,20 @@ case "${1:-all}" in
     # Eighteenth session: tree verification (hf_xpress.tree_decoding; greedy) of 2 and 3 slot-1 branches, 2 drafts
     # per branch, against the chains at the shipped settings, bf16, same prompts, interleaved.
     speed results/smollm2-bf16-tree-speed "${D[@]}" --tree none,2,3
+    ;;
+  tree-shape)
+    # The shipped xPress drafter's tree: 3 or 4 slot-1 branches x 2 or 3 drafts per branch, bf16, greedy.
+    drop_caches
+    wait_quiet
+    hf-xpress bench --drafter drafters/smollm2-135m-xpress-b16 --sets humaneval,mtbench,math500 --limit 3 \
+      --max-new-tokens 96 --passes 2 --early-stop on --shortlist 64 --drafts 2,3 --tree 3,4 --no-prompt-lookup \
+      --no-native-dflash --temperature 0 --dtype bfloat16 --threads 2 --out "results/smollm2-bf16-tree-shape${SUFFIX:-}"
+    ;;
+  tree-lookup)
+    # Eighteenth session: the shipped chains (threshold 0.2) and trees of 3 slot-1 branches, each also with prompt
+    # lookup first (a lookup round verifies lookup's continuation as one branch), bf16, greedy.
+    shipped_bench results/smollm2-bf16-tree-lookup "${D[@]}" --temperature 0 --confidence 0.2 --tree none,3 \
+      --with-lookup off,on
     ;;
   run5-t1)
     t1 results/smollm2-bf16-run5-t1 "${D[@]}"

@@ -220,6 +220,10 @@ def test_tree_variants_run_greedy_only_and_record_their_rounds(llama):
                  recorder=_Recorder(llama.device))
     assert build_methods([("xp", xp)], passes=[2], early_stop=[True], prompt_lookup=None, native_dflash=False,
                          trees=[2])[1].name == "xpress K=2 es tree2"  # trees only: no chain variant
+    both = build_methods([("xp", xp)], passes=[2], early_stop=[True], prompt_lookup=None, native_dflash=False,
+                         trees=[2], with_lookup=[False, True])
+    assert [m.name for m in both] == ["plain", "xpress K=2 es tree2", "xpress K=2 es tree2 +pld"]
+    assert both[2].generate_kwargs == {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}
 
 
 @pytest.mark.parametrize("refiner", ["xpress", "markov", None])

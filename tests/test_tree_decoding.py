@@ -161,6 +161,26 @@ class StopAt(StoppingCriteria):
         return input_ids[:, -1] == self.token
 
 
+@pytest.mark.parametrize("refiner", REFINERS)
+def test_prompt_lookup_rounds_verify_one_branch_and_stay_lossless(target, refiner):
+    """With prompt_lookup_num_tokens, a round whose n-gram recurs verifies lookup's continuation as one branch (no
+    drafter forward); the drafter's tree runs elsewhere and its context catches up on the lookup rounds' tokens."""
+    drafter = tiny_drafter(target, refiner, num_assistant_tokens=2)
+    torch.manual_seed(1)
+    looked = drafted = 0
+    for i in range(5):
+        phrase = torch.randint(0, 126, (1, 3 + i))
+        ids = torch.cat([phrase, torch.randint(0, 126, (1, 2)), phrase, phrase[:, :2]], dim=1)
+        plain = target.generate(ids, max_new_tokens=30, do_sample=False)
+        ours = _tree_generate(target, ids, drafter, 3, max_new_tokens=30, prompt_lookup_num_tokens=5)
+        assert torch.equal(ours, plain)
+        stats = drafter.stats
+        for tokens, proposed, lookup in zip(stats.drafts, stats.proposed, stats.lookup):
+            assert len(tokens) == proposed * (1 if lookup else 3) and (proposed <= 5 if lookup else proposed <= 2)
+        looked, drafted = looked + sum(stats.lookup), drafted + stats.lookup.count(False)
+    assert looked > 0 and drafted > 0
+
+
 def test_keep_cache_rows_moves_the_path_and_drops_the_rest():
     cache = DynamicCache()
     keys = torch.arange(10.0).view(1, 1, 10, 1).expand(1, 2, 10, 3).contiguous()
@@ -208,6 +228,8 @@ def test_unsupported_requests_are_clear_errors(target):
         _tree_generate(target, ids, drafter, 0, max_new_tokens=4)
     with pytest.raises(ValueError, match="return_dict_in_generate"):
         _tree_generate(target, ids, drafter, 2, max_new_tokens=4, return_dict_in_generate=True)
+    with pytest.raises(ValueError, match="assistant_ensemble_weight"):
+        _tree_generate(target, ids, drafter, 2, max_new_tokens=4, assistant_ensemble_weight=0.5)
     with pytest.raises(ValueError, match="unpadded"):
         _tree_generate(target, ids, drafter, 2, max_new_tokens=4, attention_mask=torch.tensor([[0, 1, 1, 1, 1]]))
     other = tiny_target("qwen3", num_hidden_layers=4)

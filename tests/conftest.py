@@ -51,3 +51,18 @@ def tiny_drafter(target, refiner: str | None = "xpress", seed: int = 1, **overri
 @pytest.fixture(scope="module", params=["qwen3", "llama"])
 def target(request):
     return tiny_target(request.param)
+
+
+def assert_drafter_context_is(generator, target, tokens: torch.Tensor) -> None:
+    """The candidate generator's drafter cache holds exactly the target features of `tokens[:, :n]` (n: its context
+    length), as one drafter forward over them would: every verified token before the last anchor, in order."""
+    from transformers.cache_utils import DynamicCache
+
+    drafter, n = generator.assistant_model, generator.context_length
+    out = target(tokens[:, :n], output_hidden_states=True)
+    feats = torch.cat([out.hidden_states[i + 1] for i in drafter.config.target_layer_ids], dim=-1)
+    fresh = DynamicCache()
+    drafter(torch.zeros(1, drafter.config.block_size, target.config.hidden_size), feats, cache=fresh)
+    fresh.crop(-drafter.config.block_size)
+    for mine, theirs in zip(generator.cache.layers, fresh.layers):
+        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-4)

@@ -15,7 +15,7 @@ from hf_xpress import XPressDrafterModel
 from hf_xpress.generation import XPressCandidateGenerator
 from hf_xpress.modeling_xpress import DraftProposal, _full_vocabulary
 
-from conftest import tiny_drafter, tiny_target
+from conftest import assert_drafter_context_is, tiny_drafter, tiny_target
 
 REFINERS = [None, "markov", "xpress"]
 
@@ -188,15 +188,7 @@ def test_multi_token_acceptance_eos_inside_a_block_and_context_bookkeeping(targe
     generator = oracle["generators"][-1]
     n = generator.context_length
     assert n == oracle["last_draft_len"] - 1  # every verified token before the last anchor drafted from
-    out = target(ours[:, :n], output_hidden_states=True)
-    feats = torch.cat([out.hidden_states[i + 1] for i in drafter.config.target_layer_ids], dim=-1)
-    from transformers.cache_utils import DynamicCache
-
-    fresh = DynamicCache()
-    drafter(torch.zeros(1, 16, 64), feats, cache=fresh)
-    fresh.crop(-16)
-    for mine, theirs in zip(generator.cache.layers, fresh.layers):
-        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-4)
+    assert_drafter_context_is(generator, target, ours)
 
     # EOS inside an accepted block: the output stops exactly where plain generate stops
     eos = int(long_run[0, ids.shape[1] + 23])

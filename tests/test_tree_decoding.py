@@ -16,7 +16,7 @@ from hf_xpress import XPressDrafterModel, tree_decoding
 from hf_xpress.generation import XPressCandidateGenerator
 from hf_xpress.tree_decoding import _walk, keep_cache_rows, tree_attention_mask
 
-from conftest import tiny_drafter, tiny_target
+from conftest import assert_drafter_context_is, tiny_drafter, tiny_target
 
 REFINERS = [None, "markov", "xpress"]
 
@@ -129,14 +129,7 @@ def test_accepted_side_branches_keep_exactly_the_path_in_both_caches(target, ref
 
     # the drafter's cache: the target features of the verified tokens before the last anchor, in order
     generator = oracle["generators"][-1]
-    n = generator.context_length
-    out = target(ours[:, :n], output_hidden_states=True)
-    feats = torch.cat([out.hidden_states[i + 1] for i in drafter.config.target_layer_ids], dim=-1)
-    reference = DynamicCache()
-    drafter(torch.zeros(1, 16, 64), feats, cache=reference)
-    reference.crop(-16)
-    for mine, theirs in zip(generator.cache.layers, reference.layers):
-        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-4)
+    assert_drafter_context_is(generator, target, ours)
 
     # EOS inside an accepted branch: the output stops exactly where plain generate stops
     eos = int(long_run[0, ids.shape[1] + 23])

@@ -129,7 +129,7 @@ print(tokenizer.decode(out[0]))
 
 Pass `assistant_model=AutoModel.from_pretrained("{repo_id}", trust_remote_code=True)` to reuse a loaded drafter, and
 `jacobi_passes=K` to change the number of refinement passes; `tree_width=3` verifies a tree of the drafter's 3 best
-first tokens, each continued on its own branch (greedy only).
+first tokens, each continued on its own branch.
 """
 
 

@@ -1,4 +1,4 @@
-"""Tree verification: several draft branches checked in one target forward (greedy).
+"""Tree verification: several draft branches checked in one target forward (greedy or sampled).
 
     import hf_xpress
     out = target.generate(input_ids, custom_generate=hf_xpress.tree_decoding, drafter=drafter, tree_width=3,
@@ -10,10 +10,14 @@ slot 1 makes the round yield one token. A tree round verifies the drafter's `tre
 continued over the next slots by the drafter conditioned on that branch (`XPressDrafterModel.propose_tree`), in one
 target forward: the tokens are laid out as `[anchor, branch 0, branch 1, ...]` with an ancestor-only 4D attention
 mask (each token sees the cache, the anchor and its own branch up to itself) and position ids by depth. The target's
-greedy choice at each node decides the path: the longest branch prefix it agrees with, then its own next token. The
+choice at each node decides the path: the longest branch prefix it agrees with, then its own next token. The
 key/value cache keeps the path's entries only (`keep_cache_rows`), and the drafter's context gets the path's target
-hidden states. The output is plain greedy `generate`'s, token for token (in float32; in bfloat16 a wider verify
-forward can flip near-ties, as for chains).
+hidden states. Greedy output is plain greedy `generate`'s, token for token (in float32; in bfloat16 a wider verify
+forward can flip near-ties, as for chains). With `do_sample=True` the target's choice at each node is a sample of
+its processed distribution there (temperature, top-k, ...), and the path follows the branch that drew it, so every
+committed token is an exact sample of the target given the tokens before it, as when transformers verifies
+prompt-lookup drafts by sampling. A node is then accepted with the target's probability of its draft, less than a
+chain's rejection sampling (which accepts with min(1, p/q)) would give the same draft.
 
 A tree is worth it where a wider verify forward costs about as much as a narrow one (a GPU; a CPU in bfloat16,
 measured in docs/benchmarks.md); the drafter's per-round work is one forward as for a chain plus one refiner read
@@ -29,10 +33,9 @@ criterion is checked after each committed token, so the output stops where plain
 With `prompt_lookup_num_tokens` (a generation setting, as for chains), a round first tries transformers' prompt
 lookup and verifies its continuation as a single branch; the drafter's tree runs only where lookup finds nothing.
 
-Limits, each with a clear error: greedy only (sampling from a tree needs multi-draft rejection sampling, which is not
-implemented; chains sample losslessly), batch size 1 without padding (like transformers' assisted generation), token
-ids only (no `return_dict_in_generate`), and a cache of full-attention `DynamicLayer`s (the default cache of
-decoder-only models without sliding-window or linear-attention layers).
+Limits, each with a clear error: batch size 1 without padding (like transformers' assisted generation), token ids
+only (no `return_dict_in_generate`), no `assistant_ensemble_weight`, and a cache of full-attention `DynamicLayer`s
+(the default cache of decoder-only models without sliding-window or linear-attention layers).
 """
 
 from __future__ import annotations
@@ -90,21 +93,29 @@ def _check_cache(cache) -> None:
         )
 
 
-def _greedy_choices(logits: torch.Tensor, processors: LogitsProcessorList, input_ids: torch.LongTensor,
-                    tree: torch.LongTensor) -> torch.LongTensor:
-    """The target's greedy token at every tree node: logits `[1 + W*D, V]` float32 -> `[1 + W*D]`. Logits processors
-    see each node's own prefix (the sequence, then the node's branch up to it), as in plain `generate`."""
+def _pick(scores: torch.Tensor, sample: bool) -> torch.LongTensor:
+    """Processed scores `[N, V]` -> the target's token per row `[N]`: argmax, or a sample of softmax(scores)."""
+    if not sample:
+        return scores.argmax(dim=-1)
+    return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)[:, 0]
+
+
+def _target_choices(logits: torch.Tensor, processors: LogitsProcessorList, input_ids: torch.LongTensor,
+                    tree: torch.LongTensor, sample: bool) -> torch.LongTensor:
+    """The target's token at every tree node: logits `[1 + W*D, V]` float32 -> `[1 + W*D]`, greedy or sampled.
+    Logits processors see each node's own prefix (the sequence, then the node's branch up to it), as in plain
+    `generate`."""
     if len(processors) == 0:
-        return logits.argmax(dim=-1)
+        return _pick(logits, sample)
     width, depth = tree.shape
-    out = torch.empty(logits.shape[0], dtype=torch.long, device=logits.device)
-    out[0] = processors(input_ids, logits[:1].clone()).argmax(dim=-1)[0]
+    scores = torch.empty_like(logits)
+    scores[0] = processors(input_ids, logits[:1].clone())[0]
     for w in range(width):
         for k in range(depth):
             prefix = torch.cat([input_ids, tree[w : w + 1, : k + 1].to(input_ids.device)], dim=1)
             row = 1 + w * depth + k
-            out[row] = processors(prefix, logits[row : row + 1].clone()).argmax(dim=-1)[0]
-    return out
+            scores[row] = processors(prefix, logits[row : row + 1].clone())[0]
+    return _pick(scores, sample)
 
 
 def _walk(tree: torch.LongTensor, choices: list[int]) -> tuple[list[int], list[int]]:
@@ -144,7 +155,7 @@ def tree_decoding(
     tree_width: int = DEFAULT_TREE_WIDTH,
     **model_kwargs,
 ) -> torch.LongTensor:
-    """Greedy decoding with tree verification (see the module docstring); returns `[1, n + new]` token ids.
+    """Greedy or sampled decoding with tree verification (see the module docstring); returns `[1, n + new]` ids.
 
     drafter: an xPress drafter (any refiner); drafts per branch: its `num_assistant_tokens` (all B-1 slots if None);
     tree_width: branches, the drafter's best tokens for slot 1 (1 = a chain with the branch-conditioned proposal).
@@ -155,9 +166,6 @@ def tree_decoding(
                          f"{'nothing' if drafter is None else type(drafter).__name__}.")
     if int(tree_width) < 1:
         raise ValueError(f"tree_width must be at least 1, got {tree_width}.")
-    if generation_config.do_sample:
-        raise ValueError("tree_decoding is greedy only (sampling from a tree needs multi-draft rejection sampling, not "
-                         "implemented); for do_sample=True use generate(ids, assistant_model=drafter).")
     if getattr(generation_config, "assistant_ensemble_weight", None) is not None:
         raise ValueError("tree_decoding verifies against the target alone; assistant_ensemble_weight is not supported.")
     if input_ids.shape[0] != 1:
@@ -178,7 +186,8 @@ def tree_decoding(
     outputs = model(input_ids, cache=cache, use_cache=True, logits_to_keep=1, **overrides)
     _check_cache(cache)
     logits = outputs.logits[:, -1].float()
-    next_token = (logits_processor(input_ids, logits) if len(logits_processor) else logits).argmax(dim=-1)
+    sample = bool(generation_config.do_sample)
+    next_token = _pick(logits_processor(input_ids, logits) if len(logits_processor) else logits, sample)
     input_ids = torch.cat([input_ids, next_token[:, None]], dim=1)
     generator._keep_features(input_ids, outputs)  # the prompt's features
 
@@ -208,7 +217,8 @@ def tree_decoding(
             **overrides,
         )
         logits = outputs.logits[0].float()
-        rows, new = _walk(tree.tolist(), _greedy_choices(logits, logits_processor, input_ids, tree).tolist())
+        choices = _target_choices(logits, logits_processor, input_ids, tree, sample)
+        rows, new = _walk(tree.tolist(), choices.tolist())
         # Never past max_length, and nothing after the first token at which a stopping criterion fires (EOS, a stop
         # string, ...): plain `generate` checks them after every token.
         new = new[: max_length - length]

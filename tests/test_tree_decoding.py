@@ -4,6 +4,7 @@ does not support with a clear error."""
 
 from __future__ import annotations
 
+import importlib
 import random
 
 import pytest
@@ -17,6 +18,7 @@ from hf_xpress.generation import XPressCandidateGenerator
 from hf_xpress.tree_decoding import _walk, keep_cache_rows, tree_attention_mask
 
 from conftest import assert_drafter_context_is, tiny_drafter, tiny_target
+from test_generation import V, _bound, _chi2, _exact_joint, _peaky_pair
 
 REFINERS = [None, "markov", "xpress"]
 
@@ -174,6 +176,42 @@ def test_prompt_lookup_rounds_verify_one_branch_and_stay_lossless(target, refine
     assert looked > 0 and drafted > 0
 
 
+def _tree_sample_counts(target, drafter, prompt, width, samples, **processing):
+    counts, accepted = torch.zeros([V] * 4), 0
+    torch.manual_seed(123)
+    for _ in range(samples):
+        out = target.generate(prompt, custom_generate=tree_decoding, drafter=drafter, tree_width=width,
+                              max_new_tokens=4, do_sample=True, **processing)
+        counts[tuple(out[0, prompt.shape[1] :].tolist())] += 1
+        accepted += sum(drafter.stats.accepted)
+    return counts, accepted
+
+
+@pytest.mark.parametrize("processing, width, refiner", [(dict(top_k=0), 2, "xpress"),
+                                                        (dict(temperature=0.7, top_k=3), 3, "markov")])
+def test_sampling_from_a_tree_keeps_the_target_distribution_and_a_wrong_sampler_is_caught(
+    processing, width, refiner, monkeypatch
+):
+    """4 new tokens (the prefill's, then rounds of branches of 2 drafts) sampled 1500 times: their joint (256 cells)
+    must match the target's exact joint; the same test rejects a sampler that draws from a sharper distribution."""
+    module = importlib.import_module("hf_xpress.tree_decoding")  # the package attribute of that name is the function
+
+    target, drafter = _peaky_pair(seed=7, refiner=refiner)
+    drafter.config.num_assistant_tokens = 2
+    prompt = torch.tensor([[1, 2, 0]])
+    exact = _exact_joint(target, prompt, 4, **processing)
+    counts, accepted = _tree_sample_counts(target, drafter, prompt, width, 1500, **processing)
+    stat, dof = _chi2(counts, exact)
+    assert stat < _bound(dof), (stat, dof)
+    assert accepted > 100  # drafts really were accepted, from several branches
+
+    pick = module._pick
+    monkeypatch.setattr(module, "_pick", lambda scores, sample: pick(scores * 1.5, sample))
+    counts, _ = _tree_sample_counts(target, drafter, prompt, width, 500, **processing)
+    stat, dof = _chi2(counts, exact)
+    assert stat > _bound(dof), (stat, dof)
+
+
 def test_keep_cache_rows_moves_the_path_and_drops_the_rest():
     cache = DynamicCache()
     keys = torch.arange(10.0).view(1, 1, 10, 1).expand(1, 2, 10, 3).contiguous()
@@ -209,8 +247,6 @@ def test_walk_follows_the_target_through_the_matching_branch():
 def test_unsupported_requests_are_clear_errors(target):
     drafter = tiny_drafter(target)
     ids = torch.randint(0, 126, (1, 5))
-    with pytest.raises(ValueError, match="greedy only"):
-        target.generate(ids, custom_generate=tree_decoding, drafter=drafter, do_sample=True, max_new_tokens=4)
     with pytest.raises(ValueError, match="batch size 1"):
         _tree_generate(target, torch.randint(0, 126, (2, 5)), drafter, 2, max_new_tokens=4)
     with pytest.raises(ValueError, match="needs drafter="):

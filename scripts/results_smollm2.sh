@@ -29,6 +29,7 @@
 #   bash scripts/results_smollm2.sh tree-speed  # the shipped drafters, chains (threshold 0 / 0.2) against trees of 2 and 3 branches
 #   bash scripts/results_smollm2.sh tree-shape  # xPress trees: 3 or 4 branches of 2 or 3 drafts
 #   bash scripts/results_smollm2.sh tree-lookup  # the shipped drafters: chain (threshold 0.2) and tree of 3, each with and without prompt lookup first
+#   bash scripts/results_smollm2.sh tree-t1     # the shipped drafters at T = 1: chains against trees of 3
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -134,6 +135,11 @@ case "${1:-all}" in
     # lookup first (a lookup round verifies lookup's continuation as one branch), bf16, greedy.
     shipped_bench results/smollm2-bf16-tree-lookup "${D[@]}" --temperature 0 --confidence 0.2 --tree none,3 \
       --with-lookup off,on
+    ;;
+  tree-t1)
+    # Eighteenth session: at T = 1 the tree samples the target at each node and follows the matching branch; the
+    # chains use speculative (rejection) sampling with the drafter's q.
+    t1 results/smollm2-bf16-tree-t1 "${D[@]}" --tree none,3
     ;;
   run5-t1)
     t1 results/smollm2-bf16-run5-t1 "${D[@]}"

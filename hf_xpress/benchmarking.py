@@ -181,24 +181,17 @@ def build_methods(
     passes, early_stop, shortlists, trees = list(passes), list(early_stop), list(shortlists), list(trees)
 
     def submission(name: str, **method) -> list[Method]:
-        """`name` at every drafts-per-round x confidence-threshold (x draft-vocabulary on/off) setting."""
+        """`name` at every tree width (chain first) x drafts-per-round x confidence-threshold (chains only) x
+        draft-vocabulary on/off x prompt-lookup setting."""
         has_vocab = getattr(method["model"], "draft_vocab", None) is not None
-        chains = [
+        return [
             Method(name + (f" n{n}" if n else "") + (f" c{c:g}" if c else "") + ("" if dv else " allV")
-                   + (" +pld" if lookup else ""),
-                   drafts=n, confidence=c, draft_vocab=dv,
+                   + ("" if w is None else f" tree{w}") + (" +pld" if lookup else ""),
+                   drafts=n, confidence=c, draft_vocab=dv, tree=w,
                    generate_kwargs={"prompt_lookup_num_tokens": prompt_lookup or PROMPT_LOOKUP_TOKENS} if lookup else {},
                    **method)
-            for n in drafts for c in confidences for dv in (list(draft_vocabs) if has_vocab else [True])
-            for lookup in with_lookup
-        ] if None in trees else []
-        return chains + [
-            Method(name + (f" n{n}" if n else "") + ("" if dv else " allV") + f" tree{w}" + (" +pld" if lookup else ""),
-                   drafts=n, draft_vocab=dv, tree=w,
-                   generate_kwargs={"prompt_lookup_num_tokens": prompt_lookup or PROMPT_LOOKUP_TOKENS} if lookup else {},
-                   **method)
-            for w in trees if w is not None
-            for n in drafts for dv in (list(draft_vocabs) if has_vocab else [True]) for lookup in with_lookup
+            for w in trees for n in drafts for c in (confidences if w is None else [0.0])
+            for dv in (list(draft_vocabs) if has_vocab else [True]) for lookup in with_lookup
         ]
 
     methods = [Method(PLAIN, "plain")]

@@ -194,12 +194,9 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
 
         start = self._clock()
         self._keep_features(input_ids, model_outputs)
-        if self.lookup is not None:
-            found, _ = self.lookup.get_candidates(input_ids)
-            room = self.main_model_max_length - input_ids.shape[1] - 1  # as for the drafter's drafts
-            num_found = self._before_stop(input_ids, found[0, input_ids.shape[1] :].tolist()[:room])
-            if num_found > 0:
-                return self._lookup_round(found[:, : input_ids.shape[1] + num_found], num_found, start)
+        found = self.lookup_continuation(input_ids)
+        if found:
+            return self._lookup_round(torch.cat([input_ids, input_ids.new_tensor([found])], dim=1), len(found), start)
         hidden = self._draft_forward(input_ids)
         lm_head = self.main_model_output_embeddings
         # Only the slots we submit; in the target head's dtype (a bf16 drafter may serve an fp32 target). Without
@@ -247,13 +244,18 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
     def _before_stop(self, input_ids: torch.LongTensor, drafts: list[int]) -> int:
         """How many of `drafts` to submit: all those before the first one whose acceptance would complete a stop
         string (transformers checks stopping criteria on a round's last token only). All without stop strings."""
-        if self.stop is None:
-            return len(drafts)
-        for j in range(len(drafts)):
-            sequence = torch.cat([input_ids, input_ids.new_tensor([drafts[: j + 1]])], dim=1)
-            if bool(self.stop(sequence, None).any()):
-                return j
-        return len(drafts)
+        stop = None if self.stop is None else first_stop(self.stop, input_ids, drafts)
+        return len(drafts) if stop is None else stop
+
+    def lookup_continuation(self, input_ids: torch.LongTensor) -> list[int]:
+        """With prompt lookup: its continuation of `input_ids` (`[1, n]`), at most the room left before max_length
+        (as for the drafter's drafts) and ending before a stop string; empty without lookup or when nothing recurs."""
+        if self.lookup is None:
+            return []
+        found, _ = self.lookup.get_candidates(input_ids)
+        room = self.main_model_max_length - input_ids.shape[1] - 1
+        drafts = found[0, input_ids.shape[1] :].tolist()[: max(room, 0)]
+        return drafts[: self._before_stop(input_ids, drafts)]
 
     def _lookup_round(self, candidate_ids: torch.LongTensor, num_drafts: int, start: float):
         """A round drafted by prompt lookup: no drafter forward, no logits (verified by matching)."""
@@ -262,13 +264,15 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         self._record_round(candidate_ids[0, -num_drafts:].tolist(), passes=0, lookup=True, end=end)
         return candidate_ids, None
 
-    def _record_round(self, drafts: list[int], passes: int, lookup: bool, end: float) -> None:
-        """Record a round's drafts in `stats`; its verification starts at `end`."""
+    def _record_round(self, drafts: list[int], passes: int, lookup: bool, end: float, proposed: int | None = None) -> None:
+        """Record a round's drafts in `stats`; its verification starts at `end`. `proposed`: the slots the round
+        drafts (default: all of `drafts`, a chain; a tree's `drafts` hold every branch)."""
+        proposed = len(drafts) if proposed is None else proposed
         self.stats.passes.append(passes)
-        self.stats.proposed.append(len(drafts))
+        self.stats.proposed.append(proposed)
         self.stats.drafts.append(drafts)
         self.stats.lookup.append(lookup)
-        self._proposed_this_round = len(drafts)
+        self._proposed_this_round = proposed
         self._verify_start = end
 
     def _keep_features(self, input_ids: torch.LongTensor, model_outputs) -> None:
@@ -332,6 +336,17 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             self._proposed_this_round = 0
 
 
+def first_stop(criteria, input_ids: torch.LongTensor, tokens: list[int], scores: torch.Tensor | None = None) -> int | None:
+    """The index of the first of `tokens` at which stopping `criteria` fire, appending them to `input_ids` (`[1, n]`)
+    one at a time (plain `generate` checks after every token); None if none does. `scores`: `[len(tokens), V]`, the
+    scores each token was chosen from, for criteria that read them."""
+    for j in range(len(tokens)):
+        sequence = torch.cat([input_ids, input_ids.new_tensor([tokens[: j + 1]])], dim=1)
+        if bool(criteria(sequence, None if scores is None else scores[j : j + 1]).any()):
+            return j
+    return None
+
+
 def is_xpress_drafter(model) -> bool:
     """True for our drafter class, also when loaded as Hub remote code (matched by config `model_type`)."""
     return getattr(getattr(model, "config", None), "model_type", None) == XPressDrafterConfig.model_type
@@ -374,4 +389,4 @@ def uninstall() -> None:
         GenerationMixin._get_candidate_generator = current._hf_xpress_original
 
 
-__all__ = ["XPressCandidateGenerator", "XPressStats", "install", "is_xpress_drafter", "uninstall"]
+__all__ = ["XPressCandidateGenerator", "XPressStats", "first_stop", "install", "is_xpress_drafter", "uninstall"]

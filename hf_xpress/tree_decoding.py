@@ -46,7 +46,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from .generation import XPressCandidateGenerator, is_xpress_drafter
+from .generation import XPressCandidateGenerator, first_stop, is_xpress_drafter
 
 DEFAULT_TREE_WIDTH = 3
 
@@ -70,11 +70,10 @@ def keep_cache_rows(cache: DynamicCache, start: int, rows: list[int]) -> None:
     """Keep, of the entries from `start` on, only those at `start + r` for `r` in `rows` (increasing), moved to
     `start, start + 1, ...`; drop everything after them. The one place that edits a cache's tensors: transformers'
     caches can only be cropped at the end, and a tree's accepted path is not always its first branch."""
+    _check_cache(cache)
     contiguous = rows == list(range(len(rows)))
     index = None if contiguous else torch.tensor(rows, dtype=torch.long)
     for layer in cache.layers:
-        if not isinstance(layer, DynamicLayer) or not layer.is_initialized:
-            raise ValueError(f"tree decoding keeps the accepted path in a cache of DynamicLayers; got {type(layer).__name__}.")
         if index is not None:
             idx = index.to(layer.keys.device) + start
             end = start + len(rows)
@@ -84,7 +83,9 @@ def keep_cache_rows(cache: DynamicCache, start: int, rows: list[int]) -> None:
 
 
 def _check_cache(cache) -> None:
-    if not isinstance(cache, DynamicCache) or not all(type(layer) is DynamicLayer for layer in cache.layers):
+    """A clear error unless `cache` is a DynamicCache whose layers are all filled full-attention `DynamicLayer`s."""
+    layers = getattr(cache, "layers", [])
+    if not isinstance(cache, DynamicCache) or not all(type(l) is DynamicLayer and l.is_initialized for l in layers):
         kinds = sorted({type(layer).__name__ for layer in getattr(cache, "layers", [])})
         raise ValueError(
             f"tree decoding needs a DynamicCache of full-attention layers (DynamicLayer), to keep the accepted path's "
@@ -100,21 +101,20 @@ def _pick(scores: torch.Tensor, sample: bool) -> torch.LongTensor:
     return torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)[:, 0]
 
 
-def _target_choices(logits: torch.Tensor, processors: LogitsProcessorList, input_ids: torch.LongTensor,
+def _target_choices(logits: torch.Tensor, generator: XPressCandidateGenerator, input_ids: torch.LongTensor,
                     tree: torch.LongTensor, sample: bool) -> torch.LongTensor:
     """The target's token at every tree node: logits `[1 + W*D, V]` float32 -> `[1 + W*D]`, greedy or sampled.
     Logits processors see each node's own prefix (the sequence, then the node's branch up to it), as in plain
-    `generate`."""
-    if len(processors) == 0:
+    `generate`: the generator's hook, which processes a chain's draft slots the same way, runs once per branch."""
+    if not generator.logits_processor:
         return _pick(logits, sample)
+    hook = generator._logits_hook(input_ids)
     width, depth = tree.shape
     scores = torch.empty_like(logits)
-    scores[0] = processors(input_ids, logits[:1].clone())[0]
+    scores[:1] = hook(logits[None, :1], 0, None)[0]  # the anchor's row: the sequence itself
     for w in range(width):
-        for k in range(depth):
-            prefix = torch.cat([input_ids, tree[w : w + 1, : k + 1].to(input_ids.device)], dim=1)
-            row = 1 + w * depth + k
-            scores[row] = processors(prefix, logits[row : row + 1].clone())[0]
+        rows = slice(1 + w * depth, 1 + (w + 1) * depth)
+        scores[rows] = hook(logits[None, rows], 1, tree[w : w + 1])[0]  # slot k + 1 sees the branch's slots <= k + 1
     return _pick(scores, sample)
 
 
@@ -133,16 +133,6 @@ def _walk(tree: torch.LongTensor, choices: list[int]) -> tuple[list[int], list[i
             rows.append(1 + branch * depth + k)
             target = choices[rows[-1]]
     return rows, tokens + [target]
-
-
-def _lookup(generator: XPressCandidateGenerator, input_ids: torch.LongTensor, room: int) -> torch.LongTensor | None:
-    """With `prompt_lookup_num_tokens`: transformers' prompt lookup continuation of the sequence (at most `room`
-    tokens) as a one-branch tree `[1, n]`, or None (no lookup, or nothing found: the drafter's tree then)."""
-    if generator.lookup is None or room <= 0:
-        return None
-    found, _ = generator.lookup.get_candidates(input_ids)
-    found = found[:, input_ids.shape[1] :][:, :room]
-    return found if found.shape[1] > 0 else None
 
 
 def tree_decoding(
@@ -196,9 +186,9 @@ def tree_decoding(
         room = max_length - length - 1
         depth = min(generator.num_assistant_tokens, room)
         start = clock()
-        looked_up = _lookup(generator, input_ids, room)
-        if looked_up is not None:  # prompt lookup found a continuation: verify it as a one-branch tree
-            tree, depth = looked_up, looked_up.shape[1]
+        looked_up = generator.lookup_continuation(input_ids)
+        if looked_up:  # prompt lookup found a continuation: verify it as a one-branch tree
+            tree, depth = input_ids.new_tensor([looked_up]), len(looked_up)
             drafted = refined = clock()
         elif depth > 0:
             hidden = generator._draft_forward(input_ids)
@@ -217,16 +207,13 @@ def tree_decoding(
             **overrides,
         )
         logits = outputs.logits[0].float()
-        choices = _target_choices(logits, logits_processor, input_ids, tree, sample)
+        choices = _target_choices(logits, generator, input_ids, tree, sample)
         rows, new = _walk(tree.tolist(), choices.tolist())
         # Never past max_length, and nothing after the first token at which a stopping criterion fires (EOS, a stop
         # string, ...): plain `generate` checks them after every token.
         new = new[: max_length - length]
-        for i in range(len(new) - 1):
-            partial = torch.cat([input_ids, input_ids.new_tensor([new[: i + 1]])], dim=1)
-            if bool(stopping_criteria(partial, logits[rows[i] : rows[i] + 1]).all()):
-                new = new[: i + 1]
-                break
+        stop = first_stop(stopping_criteria, input_ids, new[:-1], logits[rows[: len(new) - 1]])
+        new = new if stop is None else new[: stop + 1]  # (the last token is checked at the top of the loop)
         rows = rows[: len(new)]  # the anchor and the committed drafts; the last committed token is the next anchor
         keep_cache_rows(cache, length - 1, rows)
         input_ids = torch.cat([input_ids, torch.tensor([new], dtype=input_ids.dtype, device=input_ids.device)], dim=1)
@@ -237,13 +224,10 @@ def tree_decoding(
         if depth > 0:
             stats.draft_time += drafted - start
             stats.refine_time += refined - drafted
+            passes = depth if drafter.config.refiner and not looked_up else 0  # one refiner read per slot
+            generator._record_round(tree.reshape(-1).tolist(), passes, bool(looked_up), refined, proposed=depth)
             stats.verify_time += clock() - refined
             stats.accepted.append(len(new) - 1)
-            stats.proposed.append(depth)
-            # one refiner read per slot
-            stats.passes.append(depth if drafter.config.refiner and looked_up is None else 0)
-            stats.drafts.append(tree.reshape(-1).tolist())
-            stats.lookup.append(looked_up is not None)
     return input_ids
 
 

@@ -105,7 +105,7 @@ class Method:
     kind: "plain", "pld" (prompt lookup), "assisted" (classic assistant), "native-dflash", "dflash" / "markov" /
     "xpress" (ours, by the drafter's refiner), or "custom" (``runner(target, input_ids, generate_kwargs)`` returns
     the output ids; used by tests and for experiments). Ours with `tree` set verify a draft tree of that width
-    (`hf_xpress.tree_decoding`) instead of a chain.
+    (`hf_xpress.tree_decoding`) instead of a chain; with `tree_budget` too, a dynamic tree of that many draft nodes.
     """
 
     name: str
@@ -119,6 +119,7 @@ class Method:
     confidence: float = 0.0  # ours: assistant_confidence_threshold (0: off)
     draft_vocab: bool = True  # ours: draft among the drafter's stored draft vocabulary, if it has one
     tree: int | None = None  # ours: tree verification with this many slot-1 branches (None: a chain)
+    tree_budget: int | None = None  # ours, with `tree`: a dynamic tree of this many draft nodes (None: W branches)
     generate_kwargs: dict = field(default_factory=dict)
     runner: Callable | None = None
 
@@ -129,7 +130,8 @@ class Method:
         if self.ours:
             out.update(shortlist=self.shortlist, drafts=self.drafts, confidence=self.confidence,
                        draft_vocab=self.draft_vocab and getattr(self.model, "draft_vocab", None) is not None,
-                       prompt_lookup=self.generate_kwargs.get("prompt_lookup_num_tokens"), tree=self.tree)
+                       prompt_lookup=self.generate_kwargs.get("prompt_lookup_num_tokens"), tree=self.tree,
+                       tree_budget=self.tree_budget)
         if self.model is not None and getattr(self.model, "config", None) is not None:
             cfg = self.model.config
             out["model"] = {
@@ -165,6 +167,7 @@ def build_methods(
     native_dflash: bool = True,
     with_lookup: Iterable[bool] = (False,),
     trees: Iterable[int | None] = (None,),
+    tree_budgets: Iterable[int | None] = (None,),
 ) -> list[Method]:
     """The method list: plain, prompt lookup, assisted (if `assistant`), native DFlash, then ours per drafter.
 
@@ -175,10 +178,13 @@ def build_methods(
     with a stored draft vocabulary also runs without it where `draft_vocabs` holds False (names carry " allV"). Where
     `with_lookup` holds True, each of ours also runs with prompt lookup first (`prompt_lookup_num_tokens` =
     `prompt_lookup`, or the default when prompt lookup alone is off; names carry " +pld"). Each tree width in
-    `trees` (None: the chain) runs each of ours with tree verification (names carry " tree<W>"); a tree ignores the
-    confidence threshold, so it runs once per drafts-per-round (and prompt-lookup) setting.
+    `trees` (None: the chain) runs each of ours with tree verification (names carry " tree<W>"), at every budget in
+    `tree_budgets` (None: W fixed branches; N: a dynamic tree of N draft nodes as deep as the drafts per round, names
+    carry " tree<W>b<N>"); a tree ignores the confidence threshold, so it runs once per drafts-per-round (and
+    prompt-lookup) setting.
     """
-    passes, early_stop, shortlists, trees = list(passes), list(early_stop), list(shortlists), list(trees)
+    passes, early_stop, shortlists = list(passes), list(early_stop), list(shortlists)
+    trees = [(w, b) for w in trees for b in ([None] if w is None else list(tree_budgets))]
 
     def submission(name: str, **method) -> list[Method]:
         """`name` at every tree width (chain first) x drafts-per-round x confidence-threshold (chains only) x
@@ -186,11 +192,11 @@ def build_methods(
         has_vocab = getattr(method["model"], "draft_vocab", None) is not None
         return [
             Method(name + (f" n{n}" if n else "") + (f" c{c:g}" if c else "") + ("" if dv else " allV")
-                   + ("" if w is None else f" tree{w}") + (" +pld" if lookup else ""),
-                   drafts=n, confidence=c, draft_vocab=dv, tree=w,
+                   + ("" if w is None else f" tree{w}") + ("" if b is None else f"b{b}") + (" +pld" if lookup else ""),
+                   drafts=n, confidence=c, draft_vocab=dv, tree=w, tree_budget=b,
                    generate_kwargs={"prompt_lookup_num_tokens": prompt_lookup or PROMPT_LOOKUP_TOKENS} if lookup else {},
                    **method)
-            for w in trees for n in drafts for c in (confidences if w is None else [0.0])
+            for w, b in trees for n in drafts for c in (confidences if w is None else [0.0])
             for dv in (list(draft_vocabs) if has_vocab else [True]) for lookup in with_lookup
         ]
 
@@ -363,7 +369,8 @@ def run_once(
     if method.tree is not None:
         from .tree_decoding import tree_decoding
 
-        kwargs.update(custom_generate=tree_decoding, drafter=method.model, tree_width=method.tree)
+        kwargs.update(custom_generate=tree_decoding, drafter=method.model, tree_width=method.tree,
+                      tree_budget=method.tree_budget)
     elif method.kind in ("assisted", "dflash", "markov", "xpress"):
         kwargs["assistant_model"] = method.model
     elif method.kind == "native-dflash":
@@ -1469,6 +1476,7 @@ def main(args: argparse.Namespace) -> int:
         native_dflash=not args.no_native_dflash,
         with_lookup=_on_off_list(args.with_lookup, "--with-lookup"),
         trees=_optional_ints(args.tree),
+        tree_budgets=_optional_ints(args.tree_budget),
     )
     if args.methods:
         methods = select_methods(methods, args.methods)
@@ -1542,6 +1550,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tree", default="none",
                    help="our methods with tree verification of this many slot-1 branches (hf_xpress.tree_decoding; "
                    "names end in ' tree<W>'), e.g. none,2,3 (none: chain verification)")
+    p.add_argument("--tree-budget", default="none",
+                   help="with --tree: dynamic trees of this many draft nodes, the drafter's most probable, as deep as "
+                   "--drafts (names end in ' tree<W>b<N>'), e.g. none,8 (none: W fixed branches)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=PROMPT_LOOKUP_TOKENS)
     p.add_argument("--with-lookup", default="off",
                    help="our methods with prompt lookup first (drafter rounds only where lookup finds nothing; "

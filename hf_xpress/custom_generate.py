@@ -11,7 +11,8 @@ calls `generate(model=<target>, **every generate() argument)`; a folder/repo `cu
 `AutoModel.from_pretrained(<repo>, trust_remote_code=True)`), else `xpress_drafter=` (a folder or Hub id), else
 the repository this file was published in. `jacobi_passes=` overrides K for the call. Decoding is transformers'
 own assisted decoding with `XPressCandidateGenerator`, installed for this one call on this one model; with
-`tree_width=W`, greedy tree verification of W slot-1 branches (`tree_decoding.py`, copied next to this file).
+`tree_width=W`, tree verification of W slot-1 branches (`tree_decoding.py`, copied next to this file), and with
+`tree_budget=N` too, of a dynamic tree of the drafter's N most probable draft nodes.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def _load_drafter(source: str, target) -> XPressDrafterModel:
     return _LOADED[key]
 
 
-def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_passes=None, tree_width=None, **kwargs):
+def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_passes=None, tree_width=None,
+             tree_budget=None, **kwargs):
     """`model.generate(*args, **kwargs)` with xPress drafting (see the module docstring)."""
     if assistant_model is not None:
         drafter = assistant_model
@@ -47,11 +49,13 @@ def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_pas
         raise ValueError(f"assistant_model must be an xPress drafter, got model_type {drafter.config.model_type!r}.")
     for key in ("custom_generate", "trust_remote_code"):
         kwargs.pop(key, None)
+    if tree_budget is not None and tree_width is None:
+        raise ValueError("tree_budget needs tree_width (the dynamic tree's children per node), e.g. tree_width=3.")
     if tree_width is not None:
         if jacobi_passes is not None:
             raise ValueError("jacobi_passes has no effect with tree_width: a tree reads the refiner once per slot.")
         return type(model).generate(model, *args, custom_generate=tree_decoding, drafter=drafter,
-                                    tree_width=int(tree_width), **kwargs)
+                                    tree_width=int(tree_width), tree_budget=tree_budget, **kwargs)
     original_get = type(model)._get_candidate_generator
     original_passes = drafter.config.jacobi_passes
 

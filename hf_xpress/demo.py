@@ -27,9 +27,11 @@ def run_demo(
     max_new_tokens: int = 96,
     dtype: str = "float32",
     tree: int | None = None,
+    tree_budget: int | None = None,
 ) -> list[dict]:
     """Generate each prompt with plain greedy decoding, then with the drafter (chain verification, or with `tree`
-    tree verification of that many slot-1 branches); print and return the figures."""
+    tree verification of that many slot-1 branches, or with `tree_budget` of a dynamic tree of that many draft nodes);
+    print and return the figures."""
     import hf_xpress  # noqa: F401  (the generate() hook)
 
     torch_dtype = getattr(torch, dtype)
@@ -38,11 +40,14 @@ def run_demo(
         raise FileNotFoundError(f"The shipped drafter is missing at {drafter}; pass --drafter PATH_OR_HUB_ID.")
     assistant = AutoModel.from_pretrained(str(drafter), dtype=torch_dtype).eval()
     print(f"target {target} ({dtype}), drafter {drafter} (refiner={assistant.config.refiner}, "
-          f"K={assistant.config.jacobi_passes}), {f'tree of {tree} branches' if tree else 'chain'} verification, "
+          f"K={assistant.config.jacobi_passes}), {_describe_tree(tree, tree_budget)} verification, "
           f"{torch.get_num_threads()} threads\n")
     speculative = dict(assistant_model=assistant)
     if tree:
-        speculative = dict(custom_generate=hf_xpress.tree_decoding, drafter=assistant, tree_width=tree)
+        speculative = dict(custom_generate=hf_xpress.tree_decoding, drafter=assistant, tree_width=tree,
+                           tree_budget=tree_budget)
+    elif tree_budget:
+        raise ValueError("--tree-budget needs --tree W (the dynamic tree's children per node)")
     rows = []
     for prompt in prompts:
         ids = torch.tensor([apply_chat_template(tokenizer, [{"role": "user", "content": prompt}])])
@@ -68,6 +73,12 @@ def run_demo(
     return rows
 
 
+def _describe_tree(tree: int | None, budget: int | None) -> str:
+    if not tree:
+        return "chain"
+    return f"dynamic tree of {budget} nodes (width {tree})" if budget else f"tree of {tree} branches"
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("demo", help="run the default target with the shipped xPress drafter")
     parser.add_argument("--target", default=DEFAULT_TARGET, help="target: 'smollm2-135m-instruct', a folder or a Hub id")
@@ -77,6 +88,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prompt", action="append", help="a prompt (repeatable); default: three built-in prompts")
     parser.add_argument("--tree", type=int, default=None,
                         help="tree verification of this many slot-1 branches (hf_xpress.tree_decoding); default: chain")
+    parser.add_argument("--tree-budget", type=int, default=None,
+                        help="with --tree W: a dynamic tree of this many draft nodes (the drafter's most probable)")
     parser.set_defaults(func=_main)
 
 
@@ -84,5 +97,5 @@ def _main(args: argparse.Namespace) -> int:
     """Exit status 1 when an fp32 output differs from plain `generate` (a bug: fp32 greedy decoding is exact); bf16
     outputs may drift at near-ties of the target's logits, so there the demo only reports them."""
     rows = run_demo(args.target, args.drafter, tuple(args.prompt or DEMO_PROMPTS), args.max_new_tokens, args.dtype,
-                    args.tree)
+                    args.tree, args.tree_budget)
     return int(args.dtype == "float32" and not all(row["identical"] for row in rows))

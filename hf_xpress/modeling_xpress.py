@@ -862,14 +862,74 @@ class XPressDrafterModel(XPressPreTrainedModel):
         slot for all branches, teacher-forced on each branch's tokens, so no Jacobi passes are needed.
         """
         base = base_logits[0].float()  # [S, V']
-        num_slots = base.shape[0]
         width = min(int(width), base.shape[-1])
+        bias = self._branch_bias(hidden, base, vocab_ids)
+        # prefix: [token before the anchor, anchor, slot 1, ..., slot S] per branch; prefix[:, k] precedes slot k.
+        prefix = lead_tokens.to(base.device).expand(width, 2)
+        first = (base[0] + bias(prefix[:1], 1)).reshape(-1)
+        prefix = torch.cat([prefix, _token_ids(first.topk(width).indices, vocab_ids)[:, None]], dim=1)
+        for k in range(2, base.shape[0] + 1):
+            scores = base[k - 1] + bias(prefix, k)
+            prefix = torch.cat([prefix, _token_ids(scores.argmax(dim=-1), vocab_ids).reshape(width, 1)], dim=1)
+        return prefix[:, 2:]
+
+    @torch.no_grad()
+    def propose_dynamic_tree(
+        self,
+        hidden: torch.Tensor,
+        base_logits: torch.Tensor,
+        lead_tokens: torch.LongTensor,
+        budget: int,
+        width: int,
+        vocab_ids: torch.LongTensor | None = None,
+    ) -> tuple[torch.LongTensor, list[int]]:
+        """A draft tree shaped by the drafter's own confidence (EAGLE-2's dynamic tree): the `budget` nodes of highest
+        path probability (the product of the drafter's probabilities along the path from the anchor) over slots 1..S.
+
+        Candidates grow slot by slot: the `width` nodes of highest path probability at slot k - 1 (the anchor for slot
+        1) each get their `width` most probable tokens at slot k, scored with the refiner conditioned on the node's own
+        path (teacher-forced, as in `propose_tree`). Of all candidates the `budget` best are kept; a node's path
+        probability is never above its parent's, so they form a tree. Where the drafter is sure of slot 1 the tree is
+        a deep chain, where it is unsure a wide bush, for the same verify width.
+
+        hidden, base_logits, lead_tokens as in `propose_tree`. Returns (token ids `[N]`, parents): node i's parent is
+        node `parents[i]` (-1: the anchor), and parents come before their children.
+        """
+        base = base_logits[0].float()  # [S, V']
+        width = min(int(width), base.shape[-1])
+        bias = self._branch_bias(hidden, base, vocab_ids)
+        prefix = lead_tokens.to(base.device)  # frontier nodes' paths, [F, 2 + k - 1] (as in `propose_tree`)
+        frontier_score = base.new_zeros(1)  # their path log-probabilities
+        frontier = [-1]  # their candidate indices (-1: the anchor)
+        tokens, parents, scores, depths = [], [], [], []
+        for k in range(1, base.shape[0] + 1):
+            logp = torch.log_softmax(base[k - 1] + bias(prefix, k), dim=-1).clamp_max(0.0)  # [F, V']
+            top = logp.topk(width, dim=-1)
+            path = (frontier_score[:, None] + top.values).reshape(-1)  # [F * width]
+            ids = _token_ids(top.indices, vocab_ids).reshape(-1)
+            first = len(tokens)
+            tokens += ids.tolist()
+            parents += [frontier[i // width] for i in range(ids.numel())]
+            scores += path.tolist()
+            depths += [k] * ids.numel()
+            best = path.topk(min(width, path.numel())).indices
+            prefix = torch.cat([prefix[best // width], ids[best, None]], dim=1)
+            frontier_score, frontier = path[best], [first + int(i) for i in best]
+        # The best `budget`, ties to the shallower node so that a parent always ranks before its children.
+        kept = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], depths[i]))[: max(int(budget), 1)])
+        index = {old: new for new, old in enumerate(kept)}
+        return (torch.tensor([tokens[i] for i in kept], dtype=torch.long, device=base.device),
+                [-1 if parents[i] < 0 else index[parents[i]] for i in kept])
+
+    def _branch_bias(self, hidden: torch.Tensor, base: torch.Tensor, vocab_ids: torch.LongTensor | None):
+        """`bias(prefix, k)`: the refiner's logit bias for slot k given each row's path, `[N, V']` float32 (prefix
+        `[N, >= k + 1]`: the token before the anchor, the anchor, slots 1..; zeros `[N, 1]` without a refiner)."""
         read = self._refiner_read(vocab_ids) if self.refiner is not None else None
         if isinstance(self.refiner, XPressRefiner):
             tables = self.refiner.tables()
-            hidden_part = self.refiner.hidden_part(hidden, tables)[:, : num_slots + 1]
+            hidden_part = self.refiner.hidden_part(hidden, tables)[:, : base.shape[0] + 1]
 
-            def bias(prefix: torch.LongTensor, k: int) -> torch.Tensor:  # slot k's logit bias per branch, [N, V']
+            def bias(prefix: torch.LongTensor, k: int) -> torch.Tensor:
                 part = hidden_part[:, : k + 1].expand(prefix.shape[0], -1, -1)
                 return self.refiner.delta(part, prefix[:, : k + 1], k, None, tables, read)[:, 0].float()
         elif isinstance(self.refiner, XPressMarkovHead):
@@ -881,14 +941,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
             def bias(prefix: torch.LongTensor, k: int) -> torch.Tensor:
                 return base.new_zeros(prefix.shape[0], 1)
 
-        # prefix: [token before the anchor, anchor, slot 1, ..., slot S] per branch; prefix[:, k] precedes slot k.
-        prefix = lead_tokens.to(base.device).expand(width, 2)
-        first = (base[0] + bias(prefix[:1], 1)).reshape(-1)
-        prefix = torch.cat([prefix, _token_ids(first.topk(width).indices, vocab_ids)[:, None]], dim=1)
-        for k in range(2, num_slots + 1):
-            scores = base[k - 1] + bias(prefix, k)
-            prefix = torch.cat([prefix, _token_ids(scores.argmax(dim=-1), vocab_ids).reshape(width, 1)], dim=1)
-        return prefix[:, 2:]
+        return bias
 
     def _proposal(self, tokens, scores, passes: int, candidates, vocab_ids) -> DraftProposal:
         """A proposal from scores over the columns `vocab_ids` (or the whole vocabulary) or over per-slot shortlists

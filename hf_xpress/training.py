@@ -1838,11 +1838,13 @@ def greedy_reference(target: Any, tokenizer: Any, sets: list[str], limit: int, m
 
 @torch.no_grad()
 def measure_tau(target: Any, tokenizer: Any, drafter: XPressDrafterModel, sets: list[str], limit: int,
-                max_new_tokens: int = 128, reference: dict | None = None, tree_width: int | None = None) -> dict:
+                max_new_tokens: int = 128, reference: dict | None = None, tree_width: int | None = None,
+                tree_budget: int | None = None) -> dict:
     """Greedy `target.generate(..., assistant_model=drafter)` on the first `limit` prompts of each set; returns per
     set the pooled tau (accepted drafts / rounds + 1), per-prompt accepted drafts and rounds, per-slot acceptance,
     and how many outputs equal plain greedy `generate` token for token (`reference` from `greedy_reference`, or
-    computed here). With `tree_width`, tree verification of that many branches (`hf_xpress.tree_decoding`)."""
+    computed here). With `tree_width`, tree verification of that many branches (`hf_xpress.tree_decoding`), or with
+    `tree_budget` too, of a dynamic tree of that many draft nodes."""
     import hf_xpress  # noqa: F401  (installs the candidate generator)
 
     from .assets import apply_chat_template, load_prompts
@@ -1863,7 +1865,7 @@ def measure_tau(target: Any, tokenizer: Any, drafter: XPressDrafterModel, sets: 
                 from .tree_decoding import tree_decoding
 
                 spec = target.generate(ids, custom_generate=tree_decoding, drafter=drafter, tree_width=tree_width,
-                                       **kwargs)
+                                       tree_budget=tree_budget, **kwargs)
             else:
                 spec = target.generate(ids, assistant_model=drafter, **kwargs)
             stats = drafter.stats
@@ -1908,7 +1910,10 @@ def tau_main(args: argparse.Namespace) -> int:
     drafter = XPressDrafterModel.from_pretrained(args.drafter, dtype=torch.float32).eval()
     passes = [] if args.passes is None else [f"jacobi_passes={args.passes}"]
     apply_inference_settings(drafter.config, passes + (args.set or []))
-    res = measure_tau(target, tokenizer, drafter, sets, args.limit, args.max_new_tokens, reference, args.tree)
+    if args.tree_budget and not args.tree:
+        raise SystemExit("--tree-budget needs --tree W (the dynamic tree's expansion width)")
+    res = measure_tau(target, tokenizer, drafter, sets, args.limit, args.max_new_tokens, reference, args.tree,
+                      args.tree_budget)
     c = drafter.config  # every inference setting the figures depend on (the drafter's own defaults are used)
     res["_setup"] = {"drafter": args.drafter, "refiner": c.refiner, "target": args.target, "target_dtype": "float32",
                      "greedy": True,
@@ -1916,7 +1921,7 @@ def tau_main(args: argparse.Namespace) -> int:
                      "jacobi_early_stop": c.jacobi_early_stop, "num_assistant_tokens": c.num_assistant_tokens,
                      "assistant_confidence_threshold": c.assistant_confidence_threshold,
                      "refiner_shortlist": c.refiner_shortlist, "draft_vocab_size": c.draft_vocab_size,
-                     "tree_width": args.tree}
+                     "tree_width": args.tree, "tree_budget": args.tree_budget}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
     return 0
@@ -1936,6 +1941,8 @@ def add_tau_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "num_assistant_tokens=15 to verify the whole block")
     p.add_argument("--tree", type=int, default=None, help="tree verification with this many slot-1 branches "
                    "(hf_xpress.tree_decoding; default: chain verification)")
+    p.add_argument("--tree-budget", type=int, default=None, help="with --tree W: a dynamic tree of this many draft "
+                   "nodes, the most probable under the drafter (W children from each of the W best nodes per slot)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None)
     p.set_defaults(func=tau_main)

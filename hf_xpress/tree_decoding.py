@@ -4,6 +4,10 @@
     out = target.generate(input_ids, custom_generate=hf_xpress.tree_decoding, drafter=drafter, tree_width=3,
                           max_new_tokens=256)
     drafter.stats.tau
+    # or a dynamic tree of the drafter's 8 most probable nodes, up to 4 deep
+    drafter.config.num_assistant_tokens = 4
+    out = target.generate(input_ids, custom_generate=hf_xpress.tree_decoding, drafter=drafter, tree_width=3,
+                          tree_budget=8, max_new_tokens=256)
 
 A chain round (`generate(..., assistant_model=drafter)`) verifies the drafter's best token for each slot, so a wrong
 slot 1 makes the round yield one token. A tree round verifies the drafter's `tree_width` best tokens for slot 1, each
@@ -18,6 +22,12 @@ its processed distribution there (temperature, top-k, ...), and the path follows
 committed token is an exact sample of the target given the tokens before it, as when transformers verifies
 prompt-lookup drafts by sampling. A node is then accepted with the target's probability of its draft, less than a
 chain's rejection sampling (which accepts with min(1, p/q)) would give the same draft.
+
+With `tree_budget=N` the tree is dynamic instead (EAGLE-2's): the drafter's N most probable draft nodes, each scored
+by the product of its probabilities along the path (`XPressDrafterModel.propose_dynamic_tree`), as deep as the drafts
+per round allow, so a round where the drafter is sure verifies a deep chain and one where it is unsure a wide bush,
+for the same verify width. Either tree is `(tokens, parents)` in the loop: node i hangs from node `parents[i]` (-1:
+the anchor), and the mask, the positions and the walk follow the parents.
 
 A tree is worth it where a wider verify forward costs about as much as a narrow one (a GPU; a CPU in bfloat16,
 measured in docs/benchmarks.md); the drafter's per-round work is one forward as for a chain plus one refiner read
@@ -51,19 +61,33 @@ from .generation import XPressCandidateGenerator, first_stop, is_xpress_drafter
 DEFAULT_TREE_WIDTH = 3
 
 
-def tree_attention_mask(width: int, depth: int, past: int, dtype: torch.dtype, device=None) -> torch.Tensor:
-    """Additive mask `[1, 1, 1 + W*D, past + 1 + W*D]` for `[anchor, branch 0 slots 1..D, branch 1 ...]` after `past`
-    cached tokens: 0 where a token may attend (the cache, the anchor, its own branch up to itself), dtype min elsewhere."""
-    size = 1 + width * depth
+def chain_parents(width: int, depth: int) -> list[int]:
+    """Parents of the nodes of `width` branches of `depth` slots laid out branch after branch (`[W, D]` flattened):
+    a branch's slot 1 hangs from the anchor (-1), every later slot from the one before it."""
+    return [-1 if k == 0 else w * depth + k - 1 for w in range(width) for k in range(depth)]
+
+
+def tree_attention_mask(parents: list[int], past: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """Additive mask `[1, 1, 1 + N, past + 1 + N]` for `[anchor, node 0, ..., node N-1]` after `past` cached tokens
+    (node i's parent is `parents[i]`, -1: the anchor; parents come first): 0 where a token may attend (the cache, the
+    anchor, its ancestors, itself), dtype min elsewhere."""
+    size = 1 + len(parents)
     allowed = torch.zeros(size, size, dtype=torch.bool, device=device)
-    allowed[:, 0] = True
-    branch = torch.tril(torch.ones(depth, depth, dtype=torch.bool, device=device))
-    for w in range(width):
-        rows = slice(1 + w * depth, 1 + (w + 1) * depth)
-        allowed[rows, rows] = branch
+    allowed[0, 0] = True
+    for i, parent in enumerate(parents):
+        allowed[i + 1] = allowed[parent + 1]
+        allowed[i + 1, i + 1] = True
     allowed = torch.cat([torch.ones(size, past, dtype=torch.bool, device=device), allowed], dim=1)
     mask = torch.zeros(size, past + size, dtype=dtype, device=device)
     return mask.masked_fill_(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+def node_depths(parents: list[int]) -> list[int]:
+    """Each node's slot (1 for a child of the anchor)."""
+    depths: list[int] = []
+    for parent in parents:
+        depths.append(1 if parent < 0 else depths[parent] + 1)
+    return depths
 
 
 def keep_cache_rows(cache: DynamicCache, start: int, rows: list[int]) -> None:
@@ -102,37 +126,40 @@ def _pick(scores: torch.Tensor, sample: bool) -> torch.LongTensor:
 
 
 def _target_choices(logits: torch.Tensor, generator: XPressCandidateGenerator, input_ids: torch.LongTensor,
-                    tree: torch.LongTensor, sample: bool) -> torch.LongTensor:
-    """The target's token at every tree node: logits `[1 + W*D, V]` float32 -> `[1 + W*D]`, greedy or sampled.
-    Logits processors see each node's own prefix (the sequence, then the node's branch up to it), as in plain
-    `generate`: the generator's hook, which processes a chain's draft slots the same way, runs once per branch."""
+                    tokens: list[int], parents: list[int], sample: bool) -> torch.LongTensor:
+    """The target's token at every tree row (the anchor, then the nodes): logits `[1 + N, V]` float32 -> `[1 + N]`,
+    greedy or sampled. Logits processors see each node's own prefix (the sequence, then the node's path up to it), as
+    in plain `generate`: the generator's hook, which processes a chain's draft slots the same way, runs once per leaf
+    on its path from the anchor."""
     if not generator.logits_processor:
         return _pick(logits, sample)
     hook = generator._logits_hook(input_ids)
-    width, depth = tree.shape
     scores = torch.empty_like(logits)
     scores[:1] = hook(logits[None, :1], 0, None)[0]  # the anchor's row: the sequence itself
-    for w in range(width):
-        rows = slice(1 + w * depth, 1 + (w + 1) * depth)
-        scores[rows] = hook(logits[None, rows], 1, tree[w : w + 1])[0]  # slot k + 1 sees the branch's slots <= k + 1
+    inner = set(parents)
+    for leaf in (i for i in range(len(parents)) if i not in inner):
+        path = [leaf]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        rows = [1 + i for i in reversed(path)]
+        cond = torch.tensor([[tokens[i] for i in reversed(path)]], device=input_ids.device)
+        scores[rows] = hook(logits[None, rows], 1, cond)[0]  # the node at slot k sees its path's slots <= k
     return _pick(scores, sample)
 
 
-def _walk(tree: torch.LongTensor, choices: list[int]) -> tuple[list[int], list[int]]:
+def _walk(tokens: list[int], parents: list[int], choices: list[int]) -> tuple[list[int], list[int]]:
     """The accepted path: (its rows in the verified block, the tokens it commits: accepted drafts + the target's next).
-    tree `[W, D]` as lists; choices: the target's token at every row."""
-    width, depth = len(tree), len(tree[0]) if tree else 0
-    rows, tokens = [0], []
+    tokens, parents: the tree's nodes; choices: the target's token at every row (row 0: the anchor, row i + 1: node i)."""
+    children: dict[tuple[int, int], int] = {}
+    for i, (token, parent) in enumerate(zip(tokens, parents)):
+        children.setdefault((parent + 1, token), i + 1)
+    rows, new = [0], []
     target = choices[0]
-    branch = next((w for w in range(width) if tree[w][0] == target), None)
-    if branch is not None:
-        for k in range(depth):
-            if tree[branch][k] != target:
-                break
-            tokens.append(target)
-            rows.append(1 + branch * depth + k)
-            target = choices[rows[-1]]
-    return rows, tokens + [target]
+    while (rows[-1], target) in children:
+        new.append(target)
+        rows.append(children[(rows[-1], target)])
+        target = choices[rows[-1]]
+    return rows, new + [target]
 
 
 def tree_decoding(
@@ -143,12 +170,15 @@ def tree_decoding(
     generation_config: GenerationConfig,
     drafter=None,
     tree_width: int = DEFAULT_TREE_WIDTH,
+    tree_budget: int | None = None,
     **model_kwargs,
 ) -> torch.LongTensor:
     """Greedy or sampled decoding with tree verification (see the module docstring); returns `[1, n + new]` ids.
 
-    drafter: an xPress drafter (any refiner); drafts per branch: its `num_assistant_tokens` (all B-1 slots if None);
-    tree_width: branches, the drafter's best tokens for slot 1 (1 = a chain with the branch-conditioned proposal).
+    drafter: an xPress drafter (any refiner); the tree's depth: its `num_assistant_tokens` (all B-1 slots if None);
+    tree_width: branches, the drafter's best tokens for slot 1 (1 = a chain with the branch-conditioned proposal);
+    tree_budget: a dynamic tree instead (`XPressDrafterModel.propose_dynamic_tree`): the `tree_budget` draft nodes of
+    highest path probability, growing `tree_width` children from each of the `tree_width` best nodes per slot.
     """
     if drafter is None or not is_xpress_drafter(drafter):
         raise ValueError("tree_decoding needs drafter=<an xPress drafter>, e.g. generate(ids, custom_generate="
@@ -156,6 +186,8 @@ def tree_decoding(
                          f"{'nothing' if drafter is None else type(drafter).__name__}.")
     if int(tree_width) < 1:
         raise ValueError(f"tree_width must be at least 1, got {tree_width}.")
+    if tree_budget is not None and int(tree_budget) < 1:
+        raise ValueError(f"tree_budget must be at least 1 draft node (or None for a fixed tree), got {tree_budget}.")
     if getattr(generation_config, "assistant_ensemble_weight", None) is not None:
         raise ValueError("tree_decoding verifies against the target alone; assistant_ensemble_weight is not supported.")
     if input_ids.shape[0] != 1:
@@ -188,27 +220,32 @@ def tree_decoding(
         start = clock()
         looked_up = generator.lookup_continuation(input_ids)
         if looked_up:  # prompt lookup found a continuation: verify it as a one-branch tree
-            tree, depth = input_ids.new_tensor([looked_up]), len(looked_up)
+            tokens, parents, depth = looked_up, chain_parents(1, len(looked_up)), len(looked_up)
             drafted = refined = clock()
         elif depth > 0:
             hidden = generator._draft_forward(input_ids)
             base, vocab_ids = drafter.draft_scores(hidden[:, 1 : 1 + depth], lm_head)
             drafted = clock()
-            tree = drafter.propose_tree(hidden, base, input_ids[:, -2:], tree_width, vocab_ids).to(input_ids.device)
+            lead = input_ids[:, -2:]
+            if tree_budget is None:
+                tree = drafter.propose_tree(hidden, base, lead, tree_width, vocab_ids)
+                tokens, parents = tree.reshape(-1).tolist(), chain_parents(*tree.shape)
+            else:
+                tree, parents = drafter.propose_dynamic_tree(hidden, base, lead, tree_budget, tree_width, vocab_ids)
+                tokens = tree.tolist()
             refined = clock()
         else:  # one token left: a plain step
-            tree = input_ids.new_empty(0, 0)
-        width = tree.shape[0]
-        block = torch.cat([input_ids[0, -1:], tree.reshape(-1)])[None]
-        positions = length - 1 + torch.cat([block.new_zeros(1), torch.arange(1, depth + 1).repeat(width).to(block)])
+            tokens, parents = [], []
+        block = input_ids.new_tensor([[int(input_ids[0, -1])] + tokens])
+        positions = length - 1 + torch.tensor([0] + node_depths(parents), device=block.device)
         outputs = model(
             block, position_ids=positions[None], cache=cache, use_cache=True,
-            attention_mask=tree_attention_mask(width, depth if width else 0, length - 1, model.dtype, block.device),
+            attention_mask=tree_attention_mask(parents, length - 1, model.dtype, block.device),
             **overrides,
         )
         logits = outputs.logits[0].float()
-        choices = _target_choices(logits, generator, input_ids, tree, sample)
-        rows, new = _walk(tree.tolist(), choices.tolist())
+        choices = _target_choices(logits, generator, input_ids, tokens, parents, sample)
+        rows, new = _walk(tokens, parents, choices.tolist())
         # Never past max_length, and nothing after the first token at which a stopping criterion fires (EOS, a stop
         # string, ...): plain `generate` checks them after every token.
         new = new[: max_length - length]
@@ -225,10 +262,10 @@ def tree_decoding(
             stats.draft_time += drafted - start
             stats.refine_time += refined - drafted
             passes = depth if drafter.config.refiner and not looked_up else 0  # one refiner read per slot
-            generator._record_round(tree.reshape(-1).tolist(), passes, bool(looked_up), refined, proposed=depth)
+            generator._record_round(tokens, passes, bool(looked_up), refined, proposed=depth)
             stats.verify_time += clock() - refined
             stats.accepted.append(len(new) - 1)
     return input_ids
 
 
-__all__ = ["DEFAULT_TREE_WIDTH", "keep_cache_rows", "tree_attention_mask", "tree_decoding"]
+__all__ = ["DEFAULT_TREE_WIDTH", "chain_parents", "keep_cache_rows", "node_depths", "tree_attention_mask", "tree_decoding"]

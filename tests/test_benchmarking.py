@@ -218,6 +218,15 @@ def test_tree_variants_run_and_record_their_rounds(llama):
                          trees=[2], with_lookup=[False, True])
     assert [m.name for m in both] == ["plain", "xpress K=2 es tree2", "xpress K=2 es tree2 +pld"]
     assert both[2].generate_kwargs == {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS}
+    dynamic = build_methods([("xp", xp)], passes=[2], early_stop=[True], prompt_lookup=None, native_dflash=False,
+                            drafts=[3], trees=[None, 2], tree_budgets=[None, 5])
+    assert [m.name for m in dynamic] == ["plain", "xpress K=2 es n3", "xpress K=2 es n3 tree2", "xpress K=2 es n3 tree2b5"]
+    assert [(m.tree, m.tree_budget) for m in dynamic[1:]] == [(None, None), (2, None), (2, 5)]
+    results = run_benchmark(llama, None, [dynamic[0], dynamic[3]], {"s": [[5, 6, 7, 8, 9, 10]]}, max_new_tokens=20,
+                            temperatures=(0.0,), progress=False)
+    assert results["mismatches"] == []
+    run = next(r for r in results["runs"] if r["method"] == "xpress K=2 es n3 tree2b5")
+    assert run["stats"]["rounds"] > 0 and max(run["proposed"]) == 3
 
 
 @pytest.mark.parametrize("refiner", ["xpress", "markov", None])

@@ -176,6 +176,10 @@ REMOTE_ONLY = """
                            xpress_drafter=folder, tree_width=2, max_new_tokens=MAX_NEW, do_sample=False)[0].tolist()
     plain = target.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=MAX_NEW, do_sample=False)[0].tolist()
     assert tree == plain, "tree verification through custom_generate must equal plain greedy"
+    dynamic = target.generate(torch.tensor([PROMPTS[0]]), custom_generate=folder, trust_remote_code=True,
+                              xpress_drafter=folder, tree_width=2, tree_budget=4, max_new_tokens=MAX_NEW,
+                              do_sample=False)[0].tolist()
+    assert dynamic == plain, "a dynamic tree through custom_generate must equal plain greedy"
     assert "_get_candidate_generator" not in vars(target), "the per-call hook must be removed"
     save_file(drafter.state_dict(), out + ".safetensors")
     json.dump({{"runs": runs, "self_loaded": self_loaded, "plain": plain, "module": type(drafter).__module__,

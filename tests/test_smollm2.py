@@ -90,6 +90,22 @@ def test_tree_verification_of_the_shipped_drafters_is_exact_and_accepts_side_bra
                 side += accepted > 0 and position < len(new) and new[position] in firsts[1:]
                 position += accepted + 1
         assert side > 0, name
+    # dynamic trees (the drafter's 6 most probable nodes, up to 3 deep) are exact too, and accept 3 drafts somewhere
+    xpress = shipped["smollm2-135m-xpress-b16"]
+    drafts = xpress.config.num_assistant_tokens
+    xpress.config.num_assistant_tokens = 3
+    longest = 0
+    try:
+        for ids in prompts:
+            plain = model.generate(ids, max_new_tokens=40, do_sample=False)
+            ours = model.generate(ids, custom_generate=hf_xpress.tree_decoding, drafter=xpress, tree_width=3,
+                                  tree_budget=6, max_new_tokens=40, do_sample=False)
+            assert torch.equal(plain, ours), tokenizer.decode(ids[0])
+            assert max(map(len, xpress.stats.drafts)) == 6
+            longest = max(longest, *xpress.stats.accepted)
+    finally:
+        xpress.config.num_assistant_tokens = drafts
+    assert longest == 3
     # stop strings: transformers hands a custom_generate callable no `tokenizer`, so they come as a criterion
     stop = StoppingCriteriaList([StopStringCriteria(tokenizer, ["\n"])])
     plain = model.generate(prompts[1], max_new_tokens=40, do_sample=False, stop_strings=["\n"], tokenizer=tokenizer)

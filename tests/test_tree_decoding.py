@@ -15,7 +15,7 @@ from transformers.cache_utils import DynamicCache
 import hf_xpress
 from hf_xpress import XPressDrafterModel, tree_decoding
 from hf_xpress.generation import XPressCandidateGenerator
-from hf_xpress.tree_decoding import _walk, keep_cache_rows, tree_attention_mask
+from hf_xpress.tree_decoding import _walk, chain_parents, keep_cache_rows, node_depths, tree_attention_mask
 
 from conftest import assert_drafter_context_is, tiny_drafter, tiny_target
 from test_generation import V, _bound, _chi2, _exact_joint, _peaky_pair
@@ -74,6 +74,61 @@ def test_propose_tree_branches_are_the_drafters_top_tokens_each_continued_on_its
     # without a refiner every branch repeats the drafter's per-slot choice after slot 1
     plain = tiny_drafter(target, None).propose_tree(hidden, base, lead, width=3)
     assert torch.equal(plain[:, 1:], base[0, 1:].argmax(-1).expand(3, -1))
+
+
+@pytest.mark.parametrize("refiner", REFINERS)
+@pytest.mark.parametrize("budget, width", [(1, 1), (4, 2), (12, 3)])
+def test_dynamic_tree_equals_plain_generate(target, refiner, budget, width):
+    drafter = tiny_drafter(target, refiner, num_assistant_tokens=4)
+    for ids in _prompts(5):
+        for max_new_tokens in (3, 30):
+            plain = target.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+            ours = _tree_generate(target, ids, drafter, width, tree_budget=budget, max_new_tokens=max_new_tokens)
+            assert torch.equal(ours, plain)
+    assert all(len(d) <= budget for d in drafter.stats.drafts) and max(map(len, drafter.stats.drafts)) == budget
+
+
+def _path_log_prob(drafter, hidden, base, lead, path):
+    """log p of a path of draft tokens under the drafter, slot by slot, from the refiner read teacher-forced on the
+    full-length input (the reference the dynamic tree's incremental scores must agree with)."""
+    prev = torch.tensor([lead + list(path[:-1]) + [0] * (14 - len(path) + 1)])
+    logits = base[0, : len(path)] + drafter.refiner(hidden, prev)[0, : len(path)]
+    return sum(float(torch.log_softmax(logits[k], -1)[t]) for k, t in enumerate(path))
+
+
+@torch.no_grad()
+def test_dynamic_tree_keeps_the_most_probable_paths(target):
+    """Against brute force over every 1- and 2-token path: with the whole vocabulary as width the candidates are all
+    of them, and the tree must be exactly the `budget` paths of highest probability."""
+    drafter = tiny_drafter(target, "xpress")
+    torch.manual_seed(5)
+    hidden, base, lead = torch.randn(1, 16, 64), torch.randn(1, 2, 128) * 2, [4, 9]
+    tokens, parents = drafter.propose_dynamic_tree(hidden, base, torch.tensor([lead]), budget=9, width=128)
+    paths = []
+    for i in range(len(tokens)):
+        assert parents[i] < i  # parents first
+        paths.append((*(paths[parents[i]] if parents[i] >= 0 else ()), int(tokens[i])))
+    everything = [(a,) for a in range(128)] + [(a, b) for a in range(128) for b in range(128)]
+    slot1 = torch.log_softmax(base[0, 0] + drafter.refiner(hidden, torch.tensor([lead + [0] * 14]))[0, 0], -1)
+    prev = torch.tensor([lead + [a] + [0] * 13 for a in range(128)])
+    slot2 = torch.log_softmax(base[0, 1] + drafter.refiner(hidden.expand(128, -1, -1), prev)[:, 1], -1)
+    score = {p: float(slot1[p[0]] + (slot2[p[0], p[1]] if len(p) == 2 else 0.0)) for p in everything}
+    best = sorted(everything, key=lambda p: (-score[p], len(p)))[:9]
+    assert set(paths) == set(best)
+    for p in paths[:3]:  # the incremental scores are the full-input reference's
+        assert abs(score[p] - _path_log_prob(drafter, hidden, base, lead, p)) < 1e-4
+
+
+def test_dynamic_tree_is_a_chain_where_the_drafter_is_sure_and_a_bush_where_it_is_not(target):
+    drafter = tiny_drafter(target, None)
+    sure = torch.full((1, 3, 128), -20.0)
+    sure[0, torch.arange(3), torch.tensor([7, 8, 9])] = 20.0  # one token per slot, certain
+    tokens, parents = drafter.propose_dynamic_tree(torch.zeros(1, 16, 64), sure, torch.tensor([[1, 2]]), 3, 3)
+    assert tokens.tolist() == [7, 8, 9] and parents == [-1, 0, 1]
+    flat = torch.zeros(1, 3, 128)
+    flat[0, 0, :4] = torch.tensor([3.0, 2.9, 2.8, 2.7])  # slot 1 unsure; later slots flat over 128 tokens
+    tokens, parents = drafter.propose_dynamic_tree(torch.zeros(1, 16, 64), flat, torch.tensor([[1, 2]]), 3, 3)
+    assert tokens.tolist() == [0, 1, 2] and parents == [-1, -1, -1]
 
 
 @pytest.fixture
@@ -146,6 +201,59 @@ def test_accepted_side_branches_keep_exactly_the_path_in_both_caches(target, ref
     assert torch.equal(ours, plain) and plain.shape[1] < long_run.shape[1]
 
 
+def test_random_trees_with_the_truth_anywhere_keep_exactly_the_path_in_both_caches(target, monkeypatch):
+    """Dynamic trees of any shape (random parents), the target's true continuation planted along the path to a random
+    node: every round accepts that whole path, wherever its rows lie in the block, and both caches stay exact."""
+    drafter = tiny_drafter(target, "xpress", num_assistant_tokens=4)
+    ids = torch.randint(0, 126, (1, 6))
+    long_run = target.generate(ids, max_new_tokens=60, do_sample=False)
+    rng, planted, generators = random.Random(1), [], []
+    original_init = XPressCandidateGenerator.__init__
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        generators.append(self)
+
+    def propose_dynamic_tree(self, hidden, base_logits, lead_tokens, budget, width, vocab_ids=None):
+        depth, size = base_logits.shape[1], rng.randint(1, budget)
+        parents, depths = [], []
+        for i in range(size):
+            options = [-1] + [j for j in range(i) if depths[j] < depth]
+            parents.append(rng.choice(options))
+            depths.append(1 if parents[-1] < 0 else depths[parents[-1]] + 1)
+        tokens = [rng.randrange(126) for _ in range(size)]
+        node, path = rng.randrange(size), []
+        while node >= 0:
+            path.insert(0, node)
+            node = parents[node]
+        start = generators[-1].context_length + 1
+        truth = long_run[0, start : start + len(path)].tolist()
+        for node, token in zip(path, truth):
+            tokens[node] = token
+        on_path = set(path)
+        for i in range(size):  # no other child of a path node (or of the anchor) may carry the true next token
+            parent_depth = 0 if parents[i] < 0 else depths[parents[i]]
+            if i not in on_path and (parents[i] < 0 or parents[i] in on_path) and parent_depth < len(truth) \
+                    and tokens[i] == truth[parent_depth]:
+                tokens[i] = (tokens[i] + 1) % 126
+        planted.append(min(len(path), len(truth)))
+        return torch.tensor(tokens), parents
+
+    monkeypatch.setattr(XPressCandidateGenerator, "__init__", init)
+    monkeypatch.setattr(XPressDrafterModel, "propose_dynamic_tree", propose_dynamic_tree)
+    cache = DynamicCache(config=target.config)
+    ours = _tree_generate(target, ids, drafter, 3, tree_budget=7, max_new_tokens=60, cache=cache)
+    assert torch.equal(ours, long_run)
+    accepted = drafter.stats.accepted
+    assert accepted[:-1] == planted[: len(accepted) - 1] and sum(a >= 2 for a in accepted) >= 5
+    fresh = DynamicCache(config=target.config)
+    target(ours[:, :-1], cache=fresh, use_cache=True)
+    for mine, theirs in zip(cache.layers, fresh.layers):
+        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(mine.values, theirs.values, rtol=1e-4, atol=1e-5)
+    assert_drafter_context_is(generators[-1], target, ours)
+
+
 class StopAt(StoppingCriteria):
     """Stops once `token` has been generated (a stand-in for stop strings and other custom criteria)."""
 
@@ -176,21 +284,22 @@ def test_prompt_lookup_rounds_verify_one_branch_and_stay_lossless(target, refine
     assert looked > 0 and drafted > 0
 
 
-def _tree_sample_counts(target, drafter, prompt, width, samples, **processing):
+def _tree_sample_counts(target, drafter, prompt, width, samples, budget=None, **processing):
     counts, accepted = torch.zeros([V] * 4), 0
     torch.manual_seed(123)
     for _ in range(samples):
         out = target.generate(prompt, custom_generate=tree_decoding, drafter=drafter, tree_width=width,
-                              max_new_tokens=4, do_sample=True, **processing)
+                              tree_budget=budget, max_new_tokens=4, do_sample=True, **processing)
         counts[tuple(out[0, prompt.shape[1] :].tolist())] += 1
         accepted += sum(drafter.stats.accepted)
     return counts, accepted
 
 
-@pytest.mark.parametrize("processing, width, refiner", [(dict(top_k=0), 2, "xpress"),
-                                                        (dict(temperature=0.7, top_k=3), 3, "markov")])
+@pytest.mark.parametrize("processing, width, refiner, budget", [(dict(top_k=0), 2, "xpress", None),
+                                                                (dict(temperature=0.7, top_k=3), 3, "markov", None),
+                                                                (dict(top_k=0), 2, "xpress", 5)])
 def test_sampling_from_a_tree_keeps_the_target_distribution_and_a_wrong_sampler_is_caught(
-    processing, width, refiner, monkeypatch
+    processing, width, refiner, budget, monkeypatch
 ):
     """4 new tokens (the prefill's, then rounds of branches of 2 drafts) sampled 1500 times: their joint (256 cells)
     must match the target's exact joint; the same test rejects a sampler that draws from a sharper distribution."""
@@ -200,14 +309,14 @@ def test_sampling_from_a_tree_keeps_the_target_distribution_and_a_wrong_sampler_
     drafter.config.num_assistant_tokens = 2
     prompt = torch.tensor([[1, 2, 0]])
     exact = _exact_joint(target, prompt, 4, **processing)
-    counts, accepted = _tree_sample_counts(target, drafter, prompt, width, 1500, **processing)
+    counts, accepted = _tree_sample_counts(target, drafter, prompt, width, 1500, budget, **processing)
     stat, dof = _chi2(counts, exact)
     assert stat < _bound(dof), (stat, dof)
     assert accepted > 100  # drafts really were accepted, from several branches
 
     pick = module._pick
     monkeypatch.setattr(module, "_pick", lambda scores, sample: pick(scores * 1.5, sample))
-    counts, _ = _tree_sample_counts(target, drafter, prompt, width, 500, **processing)
+    counts, _ = _tree_sample_counts(target, drafter, prompt, width, 500, budget, **processing)
     stat, dof = _chi2(counts, exact)
     assert stat > _bound(dof), (stat, dof)
 
@@ -224,7 +333,8 @@ def test_keep_cache_rows_moves_the_path_and_drops_the_rest():
 
 
 def test_tree_attention_mask_lets_a_token_see_only_its_ancestors():
-    mask = tree_attention_mask(width=2, depth=2, past=3, dtype=torch.float32)
+    assert chain_parents(2, 2) == [-1, 0, -1, 2]
+    mask = tree_attention_mask(chain_parents(2, 2), past=3, dtype=torch.float32)
     seen = (mask[0, 0] == 0).int().tolist()
     assert seen == [
         [1, 1, 1, 1, 0, 0, 0, 0],  # anchor: the cache and itself
@@ -233,20 +343,30 @@ def test_tree_attention_mask_lets_a_token_see_only_its_ancestors():
         [1, 1, 1, 1, 0, 0, 1, 0],  # branch 1, slot 1
         [1, 1, 1, 1, 0, 0, 1, 1],  # branch 1, slot 2
     ]
+    # any tree: node 2 hangs from node 0 beside node 1, node 3 from node 2
+    parents = [-1, 0, 0, 2]
+    assert node_depths(parents) == [1, 2, 2, 3]
+    seen = (tree_attention_mask(parents, past=0, dtype=torch.bfloat16)[0, 0] == 0).int().tolist()
+    assert seen == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]
 
 
 def test_walk_follows_the_target_through_the_matching_branch():
-    tree = [[5, 6, 7], [8, 9, 10]]
+    tokens, parents = [5, 6, 7, 8, 9, 10], chain_parents(2, 3)
     # rows: 0 anchor, 1-3 branch 0, 4-6 branch 1; the target picks 8 after the anchor, then 9, then 11
     choices = [8, 0, 0, 0, 9, 11, 0]
-    assert _walk(tree, choices) == ([0, 4, 5], [8, 9, 11])
-    assert _walk(tree, [3, 0, 0, 0, 0, 0, 0]) == ([0], [3])
-    assert _walk(tree, [5, 6, 7, 2, 0, 0, 0]) == ([0, 1, 2, 3], [5, 6, 7, 2])
+    assert _walk(tokens, parents, choices) == ([0, 4, 5], [8, 9, 11])
+    assert _walk(tokens, parents, [3, 0, 0, 0, 0, 0, 0]) == ([0], [3])
+    assert _walk(tokens, parents, [5, 6, 7, 2, 0, 0, 0]) == ([0, 1, 2, 3], [5, 6, 7, 2])
+    # a bush: the anchor's children 5 and 8, node 0's children 6 and 7; the target goes 5 -> 7 -> its own 4
+    assert _walk([5, 8, 6, 7], [-1, -1, 0, 0], [5, 0, 0, 0, 0]) == ([0, 1], [5, 0])
+    assert _walk([5, 8, 6, 7], [-1, -1, 0, 0], [5, 7, 0, 0, 4]) == ([0, 1, 4], [5, 7, 4])
 
 
 def test_unsupported_requests_are_clear_errors(target):
     drafter = tiny_drafter(target)
     ids = torch.randint(0, 126, (1, 5))
+    with pytest.raises(ValueError, match="tree_budget must be at least 1"):
+        _tree_generate(target, ids, drafter, 3, tree_budget=0, max_new_tokens=4)
     with pytest.raises(ValueError, match="batch size 1"):
         _tree_generate(target, torch.randint(0, 126, (2, 5)), drafter, 2, max_new_tokens=4)
     with pytest.raises(ValueError, match="needs drafter="):

@@ -30,6 +30,7 @@
 #   bash scripts/results_smollm2.sh tree-shape  # xPress trees: 3 or 4 branches of 2 or 3 drafts
 #   bash scripts/results_smollm2.sh tree-lookup  # the shipped drafters: chain (threshold 0.2) and tree of 3, each with and without prompt lookup first
 #   bash scripts/results_smollm2.sh tree-t1     # the shipped drafters at T = 1: chains against trees of 3
+#   bash scripts/results_smollm2.sh dyn-shape   # xPress: dynamic trees of 6-12 nodes against the tree of 3 x 2 and the shipped chain
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -129,6 +130,18 @@ case "${1:-all}" in
     hf-xpress bench --drafter drafters/smollm2-135m-xpress-b16 --sets humaneval,mtbench,math500 --limit 3 \
       --max-new-tokens 96 --passes 2 --early-stop on --shortlist 64 --drafts 2,3 --tree 3,4 --no-prompt-lookup \
       --no-native-dflash --temperature 0 --dtype bfloat16 --threads 2 --out "results/smollm2-bf16-tree-shape${SUFFIX:-}"
+    ;;
+  dyn-shape)
+    # Nineteenth session: dynamic trees (tree_budget: the drafter's N most probable draft nodes, up to n deep) against
+    # the fixed tree of 3 x 2 drafts and the shipped chain, the shipped xPress drafter, bf16, greedy, interleaved.
+    drop_caches
+    wait_quiet
+    X="xpress K=2 es sl64"
+    hf-xpress bench --drafter drafters/smollm2-135m-xpress-b16 --sets humaneval,mtbench,math500 --limit 3 \
+      --max-new-tokens 96 --passes 2 --early-stop on --shortlist 64 --drafts 2,4,5 --confidence 0.2 --tree none,3,4 \
+      --tree-budget none,6,8,10,12 --no-prompt-lookup --no-native-dflash --temperature 0 --dtype bfloat16 --threads 2 \
+      --methods "$X n2 c0.2,$X n2 tree3,$X n4 tree3b6,$X n4 tree3b8,$X n5 tree4b10,$X n5 tree4b12" \
+      --out "results/smollm2-bf16-dyn-shape${SUFFIX:-}"
     ;;
   tree-lookup)
     # Eighteenth session: the shipped chains (threshold 0.2) and trees of 3 slot-1 branches, each also with prompt

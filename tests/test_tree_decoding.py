@@ -54,6 +54,26 @@ def test_logits_processors_see_each_nodes_own_prefix(target):
         assert torch.equal(_tree_generate(target, ids, drafter, 3, **settings), plain)
 
 
+@pytest.mark.parametrize("refiner", ["xpress", "markov"])
+def test_trees_honour_the_refiner_shortlist_as_chains_do(target, refiner):
+    """With refiner_shortlist = M the refiner re-scores only each slot's M best drafter tokens: a fixed tree's first
+    branch is then the shortlisted chain's proposal, and every node of either tree is among its slot's M best."""
+    drafter = tiny_drafter(target, refiner, jacobi_passes=6, jacobi_early_stop=False, refiner_shortlist=8)
+    with torch.no_grad():  # a refiner strong enough to pull tokens from outside the shortlist if it were not applied
+        for p in drafter.refiner.parameters():
+            p.mul_(6.0)
+    torch.manual_seed(4)
+    hidden, base, lead = torch.randn(1, 16, 64), torch.randn(1, 5, 128) * 3, torch.tensor([[4, 9]])
+    allowed = base[0].topk(8, dim=-1).indices  # [S, 8]
+    tree = drafter.propose_tree(hidden, base, lead, width=3)
+    assert torch.equal(tree[0], drafter.propose(hidden, base, lead).tokens[0])
+    assert all(int(t) in allowed[k].tolist() for row in tree for k, t in enumerate(row))
+    tokens, parents = drafter.propose_dynamic_tree(hidden, base, lead, budget=10, width=3)
+    for token, depth in zip(tokens.tolist(), node_depths(parents)):
+        assert token in allowed[depth - 1].tolist()
+    assert len(tokens) == 10
+
+
 def test_propose_tree_branches_are_the_drafters_top_tokens_each_continued_on_its_own_branch(target):
     """Row w: slot 1 = the w-th best refined token; slot k: the refiner's greedy choice given that branch's tokens,
     which for branch 0 with enough Jacobi passes is exactly the chain proposal."""

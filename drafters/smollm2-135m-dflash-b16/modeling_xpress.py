@@ -861,34 +861,105 @@ class XPressDrafterModel(XPressPreTrainedModel):
         (row 0 is the chain's greedy proposal when the refiner's passes cover the S slots). The refiner is read once per
         slot for all branches, teacher-forced on each branch's tokens, so no Jacobi passes are needed.
         """
+        scorer, num_slots, columns = self._slot_scorer(hidden, base_logits, vocab_ids)
+        width = min(int(width), columns)
+        # prefix: [token before the anchor, anchor, slot 1, ..., slot S] per branch; prefix[:, k] precedes slot k.
+        prefix = lead_tokens.to(base_logits.device).expand(width, 2)
+        first, ids = scorer(prefix[:1], 1)
+        prefix = torch.cat([prefix, ids[first[0].topk(width).indices][:, None]], dim=1)
+        for k in range(2, num_slots + 1):
+            scores, ids = scorer(prefix, k)
+            prefix = torch.cat([prefix, ids[scores.argmax(dim=-1)][:, None]], dim=1)
+        return prefix[:, 2:]
+
+    @torch.no_grad()
+    def propose_dynamic_tree(
+        self,
+        hidden: torch.Tensor,
+        base_logits: torch.Tensor,
+        lead_tokens: torch.LongTensor,
+        budget: int,
+        width: int,
+        vocab_ids: torch.LongTensor | None = None,
+    ) -> tuple[torch.LongTensor, list[int]]:
+        """A draft tree shaped by the drafter's own confidence (EAGLE-2's dynamic tree): the `budget` nodes of highest
+        path probability (the product of the drafter's probabilities along the path from the anchor) over slots 1..S.
+
+        Candidates grow slot by slot: the `width` nodes of highest path probability at slot k - 1 (the anchor for slot
+        1) each get their `width` most probable tokens at slot k, scored with the refiner conditioned on the node's own
+        path (teacher-forced, as in `propose_tree`). Of all candidates the `budget` best are kept; a node's path
+        probability is never above its parent's, so they form a tree. Where the drafter is sure of slot 1 the tree is
+        a deep chain, where it is unsure a wide bush, for the same verify width.
+
+        hidden, base_logits, lead_tokens as in `propose_tree`. Returns (token ids `[N]`, parents): node i's parent is
+        node `parents[i]` (-1: the anchor), and parents come before their children.
+        """
+        scorer, num_slots, columns = self._slot_scorer(hidden, base_logits, vocab_ids)
+        width = min(int(width), columns)
+        prefix = lead_tokens.to(base_logits.device)  # frontier nodes' paths, [F, 2 + k - 1] (as in `propose_tree`)
+        frontier_score = torch.zeros(1, device=base_logits.device)  # their path log-probabilities
+        frontier = [-1]  # their candidate indices (-1: the anchor)
+        tokens, parents, scores, depths = [], [], [], []
+        for k in range(1, num_slots + 1):
+            slot_scores, slot_ids = scorer(prefix, k)
+            top = torch.log_softmax(slot_scores, dim=-1).clamp_max(0.0).topk(width, dim=-1)  # [F, width]
+            path = (frontier_score[:, None] + top.values).reshape(-1)  # [F * width]
+            ids = slot_ids[top.indices].reshape(-1)
+            first = len(tokens)
+            tokens += ids.tolist()
+            parents += [frontier[i // width] for i in range(ids.numel())]
+            scores += path.tolist()
+            depths += [k] * ids.numel()
+            best = path.topk(min(width, path.numel())).indices
+            prefix = torch.cat([prefix[best // width], ids[best, None]], dim=1)
+            frontier_score, frontier = path[best], [first + int(i) for i in best]
+        # The best `budget`, ties to the shallower node so that a parent always ranks before its children.
+        kept = sorted(sorted(range(len(tokens)), key=lambda i: (-scores[i], depths[i]))[: max(int(budget), 1)])
+        index = {old: new for new, old in enumerate(kept)}
+        return (torch.tensor([tokens[i] for i in kept], dtype=torch.long, device=base_logits.device),
+                [-1 if parents[i] < 0 else index[parents[i]] for i in kept])
+
+    def _slot_scorer(self, hidden: torch.Tensor, base_logits: torch.Tensor, vocab_ids: torch.LongTensor | None):
+        """For the tree proposals: `scorer(prefix, k)` -> slot k's draft scores given each row's path, `[N, C]` float32
+        (the drafter's base scores plus the refiner's bias; prefix `[N, >= k + 1]`: the token before the anchor, the
+        anchor, slots 1..), and the token ids of their C columns `[C]`. As for chains, with `config.refiner_shortlist`
+        = M the refiner re-scores only the drafter's M best tokens of each slot (C = M), else the whole draft
+        vocabulary (C = V'). Also returns the number of slots S and C."""
         base = base_logits[0].float()  # [S, V']
-        num_slots = base.shape[0]
-        width = min(int(width), base.shape[-1])
-        read = self._refiner_read(vocab_ids) if self.refiner is not None else None
+        shortlist = self.config.refiner_shortlist
+        if shortlist and self.refiner is not None and shortlist < base.shape[-1]:
+            columns = top_candidates(base, shortlist)  # [S, M]
+            base, ids = base.gather(-1, columns), _token_ids(columns, vocab_ids)
+            reads = self.refiner.w2.weight[ids]  # [S, M, r]: each slot's own read-out rows
+        else:
+            ids = (vocab_ids if vocab_ids is not None else torch.arange(base.shape[-1], device=base.device))
+            ids = ids.expand(base.shape[0], -1)
+            reads = self._refiner_read(vocab_ids) if self.refiner is not None else None
+            reads = None if reads is None else reads.expand(base.shape[0], -1, -1)
+
+        def read(k: int) -> torch.Tensor | None:
+            return None if reads is None else reads[k - 1]
+
         if isinstance(self.refiner, XPressRefiner):
             tables = self.refiner.tables()
-            hidden_part = self.refiner.hidden_part(hidden, tables)[:, : num_slots + 1]
+            hidden_part = self.refiner.hidden_part(hidden, tables)[:, : base.shape[0] + 1]
 
-            def bias(prefix: torch.LongTensor, k: int) -> torch.Tensor:  # slot k's logit bias per branch, [N, V']
+            def bias(prefix: torch.LongTensor, k: int) -> torch.Tensor:
                 part = hidden_part[:, : k + 1].expand(prefix.shape[0], -1, -1)
-                return self.refiner.delta(part, prefix[:, : k + 1], k, None, tables, read)[:, 0].float()
+                return self.refiner.delta(part, prefix[:, : k + 1], k, None, tables, read(k))[:, 0].float()
         elif isinstance(self.refiner, XPressMarkovHead):
 
             def bias(prefix: torch.LongTensor, k: int) -> torch.Tensor:
-                return self.refiner(prefix[:, k : k + 1], read)[:, 0].float()
+                return self.refiner(prefix[:, k : k + 1], read(k))[:, 0].float()
         else:
 
             def bias(prefix: torch.LongTensor, k: int) -> torch.Tensor:
                 return base.new_zeros(prefix.shape[0], 1)
 
-        # prefix: [token before the anchor, anchor, slot 1, ..., slot S] per branch; prefix[:, k] precedes slot k.
-        prefix = lead_tokens.to(base.device).expand(width, 2)
-        first = (base[0] + bias(prefix[:1], 1)).reshape(-1)
-        prefix = torch.cat([prefix, _token_ids(first.topk(width).indices, vocab_ids)[:, None]], dim=1)
-        for k in range(2, num_slots + 1):
-            scores = base[k - 1] + bias(prefix, k)
-            prefix = torch.cat([prefix, _token_ids(scores.argmax(dim=-1), vocab_ids).reshape(width, 1)], dim=1)
-        return prefix[:, 2:]
+        def scorer(prefix: torch.LongTensor, k: int) -> tuple[torch.Tensor, torch.LongTensor]:
+            return base[k - 1] + bias(prefix, k), ids[k - 1]
+
+        return scorer, base.shape[0], base.shape[-1]
 
     def _proposal(self, tokens, scores, passes: int, candidates, vocab_ids) -> DraftProposal:
         """A proposal from scores over the columns `vocab_ids` (or the whole vocabulary) or over per-slot shortlists

@@ -18,7 +18,7 @@ import math
 from pathlib import Path
 
 SETTINGS = ("num_assistant_tokens", "assistant_confidence_threshold", "jacobi_passes", "jacobi_early_stop",
-            "refiner_shortlist", "draft_vocab_size", "max_new_tokens", "target_dtype", "tree_width")
+            "refiner_shortlist", "draft_vocab_size", "max_new_tokens", "target_dtype", "tree_width", "tree_budget")
 
 
 def pooled(prompts: list[dict]) -> float:

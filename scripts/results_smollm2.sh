@@ -31,6 +31,7 @@
 #   bash scripts/results_smollm2.sh tree-lookup  # the shipped drafters: chain (threshold 0.2) and tree of 3, each with and without prompt lookup first
 #   bash scripts/results_smollm2.sh tree-t1     # the shipped drafters at T = 1: chains against trees of 3
 #   bash scripts/results_smollm2.sh dyn-shape   # xPress: dynamic trees of 6-12 nodes against the tree of 3 x 2 and the shipped chain
+#   bash scripts/results_smollm2.sh dyn-speed   # the shipped drafters: chain, tree of 3 x 2, dynamic trees of 6 / 8 / 10 nodes
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -142,6 +143,20 @@ case "${1:-all}" in
       --tree-budget none,6,8,10,12 --no-prompt-lookup --no-native-dflash --temperature 0 --dtype bfloat16 --threads 2 \
       --methods "$X n2 c0.2,$X n2 tree3,$X n4 tree3b6,$X n4 tree3b8,$X n5 tree4b10,$X n5 tree4b12" \
       --out "results/smollm2-bf16-dyn-shape${SUFFIX:-}"
+    ;;
+  dyn-speed)
+    # Nineteenth session: the three shipped drafters, each as the shipped chain (threshold 0.2), the fixed tree of
+    # 3 x 2 drafts and dynamic trees of 6 / 8 nodes up to 4 deep and 10 nodes up to 5 deep; bf16, greedy, interleaved.
+    drop_caches
+    wait_quiet
+    M=()
+    for m in "dflash" "markov sl64" "xpress K=2 es sl64"; do
+      M+=("$m n2 c0.2" "$m n2 tree3" "$m n4 tree3b6" "$m n4 tree3b8" "$m n5 tree4b10")
+    done
+    hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 3 --max-new-tokens 96 --passes 2 \
+      --early-stop on --shortlist 64 --drafts 2,4,5 --confidence 0.2 --tree none,3,4 --tree-budget none,6,8,10 \
+      --no-prompt-lookup --no-native-dflash --temperature 0 --dtype bfloat16 --threads 2 \
+      --methods "$(IFS=,; echo "${M[*]}")" --out "results/smollm2-bf16-dyn-speed${SUFFIX:-}"
     ;;
   tree-lookup)
     # Eighteenth session: the shipped chains (threshold 0.2) and trees of 3 slot-1 branches, each also with prompt

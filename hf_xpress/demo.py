@@ -28,10 +28,11 @@ def run_demo(
     dtype: str = "float32",
     tree: int | None = None,
     tree_budget: int | None = None,
+    drafts: int | None = None,
 ) -> list[dict]:
     """Generate each prompt with plain greedy decoding, then with the drafter (chain verification, or with `tree`
     tree verification of that many slot-1 branches, or with `tree_budget` of a dynamic tree of that many draft nodes);
-    print and return the figures."""
+    print and return the figures. `drafts`: drafts per round (a tree's depth), default the drafter's own."""
     import hf_xpress  # noqa: F401  (the generate() hook)
 
     torch_dtype = getattr(torch, dtype)
@@ -39,8 +40,11 @@ def run_demo(
     if not Path(drafter).exists() and str(drafter) == str(DEFAULT_DRAFTER):
         raise FileNotFoundError(f"The shipped drafter is missing at {drafter}; pass --drafter PATH_OR_HUB_ID.")
     assistant = AutoModel.from_pretrained(str(drafter), dtype=torch_dtype).eval()
+    if drafts is not None:
+        assistant.config.num_assistant_tokens = int(drafts)
     print(f"target {target} ({dtype}), drafter {drafter} (refiner={assistant.config.refiner}, "
           f"K={assistant.config.jacobi_passes}), {_describe_tree(tree, tree_budget)} verification, "
+          f"{assistant.config.num_assistant_tokens} drafts per round, "
           f"{torch.get_num_threads()} threads\n")
     speculative = dict(assistant_model=assistant)
     if tree:
@@ -90,6 +94,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="tree verification of this many slot-1 branches (hf_xpress.tree_decoding); default: chain")
     parser.add_argument("--tree-budget", type=int, default=None,
                         help="with --tree W: a dynamic tree of this many draft nodes (the drafter's most probable)")
+    parser.add_argument("--drafts", type=int, default=None,
+                        help="drafts per round (a tree's depth); default: the drafter's num_assistant_tokens")
     parser.set_defaults(func=_main)
 
 
@@ -99,5 +105,5 @@ def _main(args: argparse.Namespace) -> int:
     if args.tree_budget and not args.tree:
         raise SystemExit("hf-xpress demo: --tree-budget needs --tree W (the dynamic tree's children per node)")
     rows = run_demo(args.target, args.drafter, tuple(args.prompt or DEMO_PROMPTS), args.max_new_tokens, args.dtype,
-                    args.tree, args.tree_budget)
+                    args.tree, args.tree_budget, args.drafts)
     return int(args.dtype == "float32" and not all(row["identical"] for row in rows))

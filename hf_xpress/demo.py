@@ -35,6 +35,8 @@ def run_demo(
     print and return the figures. `drafts`: drafts per round (a tree's depth), default the drafter's own."""
     import hf_xpress  # noqa: F401  (the generate() hook)
 
+    if tree_budget and not tree:
+        raise ValueError("--tree-budget needs --tree W (the dynamic tree's children per node)")
     torch_dtype = getattr(torch, dtype)
     model, tokenizer = load_target(target, dtype=torch_dtype)
     if not Path(drafter).exists() and str(drafter) == str(DEFAULT_DRAFTER):
@@ -50,8 +52,6 @@ def run_demo(
     if tree:
         speculative = dict(custom_generate=hf_xpress.tree_decoding, drafter=assistant, tree_width=tree,
                            tree_budget=tree_budget)
-    elif tree_budget:
-        raise ValueError("--tree-budget needs --tree W (the dynamic tree's children per node)")
     rows = []
     for prompt in prompts:
         ids = torch.tensor([apply_chat_template(tokenizer, [{"role": "user", "content": prompt}])])

@@ -929,8 +929,8 @@ class XPressDrafterModel(XPressPreTrainedModel):
         shortlist = self.config.refiner_shortlist
         if shortlist and self.refiner is not None and shortlist < base.shape[-1]:
             columns = top_candidates(base, shortlist)  # [S, M]
-            base, ids = base.gather(-1, columns), _token_ids(columns, vocab_ids)
-            reads = self.refiner.w2.weight[ids]  # [S, M, r]: each slot's own read-out rows
+            ids = _token_ids(columns, vocab_ids)
+            base, _, reads = _gather_shortlist(base, None, columns, ids, self.refiner.w2.weight)  # reads: [S, M, r]
         else:
             ids = (vocab_ids if vocab_ids is not None else torch.arange(base.shape[-1], device=base.device))
             ids = ids.expand(base.shape[0], -1)

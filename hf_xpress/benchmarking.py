@@ -165,7 +165,7 @@ def build_methods(
     draft_vocabs: Iterable[bool] = (True,),
     prompt_lookup: int | None = PROMPT_LOOKUP_TOKENS,
     native_dflash: bool = True,
-    with_lookup: Iterable[bool] = (False,),
+    with_lookup: Iterable[bool | str] = (False,),
     trees: Iterable[int | None] = (None,),
     tree_budgets: Iterable[int | None] = (None,),
 ) -> list[Method]:
@@ -177,7 +177,9 @@ def build_methods(
     the Markov head and xPress also at every shortlist; names carry " sl<M>", " n<drafts>", " c<threshold>". A drafter
     with a stored draft vocabulary also runs without it where `draft_vocabs` holds False (names carry " allV"). Where
     `with_lookup` holds True, each of ours also runs with prompt lookup first (`prompt_lookup_num_tokens` =
-    `prompt_lookup`, or the default when prompt lookup alone is off; names carry " +pld"). Each tree width in
+    `prompt_lookup`, or the default when prompt lookup alone is off; names carry " +pld"); where it holds "branch",
+    each of ours with a tree also runs with lookup's continuation joining the drafter's tree as a branch
+    (`tree_decoding`'s `lookup_branch`; names carry " +pldb"). Each tree width in
     `trees` (None: the chain) runs each of ours with tree verification (names carry " tree<W>"), at every budget in
     `tree_budgets` (None: W fixed branches; N: a dynamic tree of N draft nodes as deep as the drafts per round, names
     carry " tree<W>b<N>"); a tree ignores the confidence threshold, so it runs once per drafts-per-round (and
@@ -192,12 +194,15 @@ def build_methods(
         has_vocab = getattr(method["model"], "draft_vocab", None) is not None
         return [
             Method(name + (f" n{n}" if n else "") + (f" c{c:g}" if c else "") + ("" if dv else " allV")
-                   + ("" if w is None else f" tree{w}") + ("" if b is None else f"b{b}") + (" +pld" if lookup else ""),
+                   + ("" if w is None else f" tree{w}") + ("" if b is None else f"b{b}")
+                   + {False: "", True: " +pld", "branch": " +pldb"}[lookup],
                    drafts=n, confidence=c, draft_vocab=dv, tree=w, tree_budget=b,
-                   generate_kwargs={"prompt_lookup_num_tokens": prompt_lookup or PROMPT_LOOKUP_TOKENS} if lookup else {},
+                   generate_kwargs=({"prompt_lookup_num_tokens": prompt_lookup or PROMPT_LOOKUP_TOKENS} if lookup else {})
+                   | ({"lookup_branch": True} if lookup == "branch" else {}),
                    **method)
             for w, b in trees for n in drafts for c in (confidences if w is None else [0.0])
             for dv in (list(draft_vocabs) if has_vocab else [True]) for lookup in with_lookup
+            if not (lookup == "branch" and w is None)  # a chain has no tree to join
         ]
 
     methods = [Method(PLAIN, "plain")]
@@ -1390,6 +1395,15 @@ def _on_off_list(text: str, flag: str = "--early-stop") -> list[bool]:
         raise argparse.ArgumentTypeError(f"{flag} takes on,off (got {text!r})") from None
 
 
+def _lookup_list(text: str) -> list[bool | str]:
+    """--with-lookup: off / on (lookup first) / branch (lookup's continuation joins a tree), comma-separated."""
+    items = [x.strip().lower() for x in text.split(",") if x.strip()]
+    bad = [x for x in items if x != "branch" and x not in ("on", "off", "true", "false", "1", "0")]
+    if bad:
+        raise argparse.ArgumentTypeError(f"--with-lookup takes off, on and branch (got {text!r})")
+    return ["branch" if x == "branch" else _on_off_list(x, "--with-lookup")[0] for x in items]
+
+
 def _load_drafter(path: str, dtype: torch.dtype, device):
     from transformers import AutoModel
 
@@ -1474,7 +1488,7 @@ def main(args: argparse.Namespace) -> int:
         draft_vocabs=_on_off_list(args.draft_vocab, "--draft-vocab"),
         prompt_lookup=None if args.no_prompt_lookup else args.prompt_lookup_tokens,
         native_dflash=not args.no_native_dflash,
-        with_lookup=_on_off_list(args.with_lookup, "--with-lookup"),
+        with_lookup=_lookup_list(args.with_lookup),
         trees=_optional_ints(args.tree),
         tree_budgets=_optional_ints(args.tree_budget),
     )
@@ -1556,7 +1570,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-lookup-tokens", type=int, default=PROMPT_LOOKUP_TOKENS)
     p.add_argument("--with-lookup", default="off",
                    help="our methods with prompt lookup first (drafter rounds only where lookup finds nothing; "
-                   "names end in ' +pld'): off, on or off,on")
+                   "names end in ' +pld'), and with 'branch' our tree methods with lookup's continuation joining "
+                   "the drafter's tree (names end in ' +pldb'): e.g. off, on, off,on,branch")
     p.add_argument("--no-prompt-lookup", action="store_true")
     p.add_argument("--no-native-dflash", action="store_true")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])

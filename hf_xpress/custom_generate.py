@@ -12,7 +12,8 @@ calls `generate(model=<target>, **every generate() argument)`; a folder/repo `cu
 the repository this file was published in. `jacobi_passes=` overrides K for the call. Decoding is transformers'
 own assisted decoding with `XPressCandidateGenerator`, installed for this one call on this one model; with
 `tree_width=W`, tree verification of W slot-1 branches (`tree_decoding.py`, copied next to this file), and with
-`tree_budget=N` too, of a dynamic tree of the drafter's N most probable draft nodes.
+`tree_budget=N` too, of a dynamic tree of the drafter's N most probable draft nodes; `lookup_branch=True` (with
+`prompt_lookup_num_tokens`) adds prompt lookup's continuation to the tree as a branch.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def _load_drafter(source: str, target) -> XPressDrafterModel:
 
 
 def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_passes=None, tree_width=None,
-             tree_budget=None, **kwargs):
+             tree_budget=None, lookup_branch=False, **kwargs):
     """`model.generate(*args, **kwargs)` with xPress drafting (see the module docstring)."""
     if assistant_model is not None:
         drafter = assistant_model
@@ -51,11 +52,14 @@ def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_pas
         kwargs.pop(key, None)
     if tree_budget is not None and tree_width is None:
         raise ValueError("tree_budget needs tree_width (the dynamic tree's children per node), e.g. tree_width=3.")
+    if lookup_branch and tree_width is None:
+        raise ValueError("lookup_branch adds prompt lookup's continuation to a draft tree: it needs tree_width.")
     if tree_width is not None:
         if jacobi_passes is not None:
             raise ValueError("jacobi_passes has no effect with tree_width: a tree reads the refiner once per slot.")
         return type(model).generate(model, *args, custom_generate=tree_decoding, drafter=drafter,
-                                    tree_width=int(tree_width), tree_budget=tree_budget, **kwargs)
+                                    tree_width=int(tree_width), tree_budget=tree_budget, lookup_branch=lookup_branch,
+                                    **kwargs)
     original_get = type(model)._get_candidate_generator
     original_passes = drafter.config.jacobi_passes
 

@@ -42,6 +42,9 @@ criterion is checked after each committed token, so the output stops where plain
 
 With `prompt_lookup_num_tokens` (a generation setting, as for chains), a round first tries transformers' prompt
 lookup and verifies its continuation as a single branch; the drafter's tree runs only where lookup finds nothing.
+With `lookup_branch=True` too, the drafter's tree runs every round and lookup's continuation joins it as one more
+branch (`add_branch`: sharing the nodes it agrees with), so a round is not lost where lookup is wrong and the drafter
+right; the verify forward is wider by the branch's new nodes in the rounds where lookup finds something.
 
 Limits, each with a clear error: batch size 1 without padding (like transformers' assisted generation), token ids
 only (no `return_dict_in_generate`), no `assistant_ensemble_weight`, and a cache of full-attention `DynamicLayer`s
@@ -104,6 +107,22 @@ def keep_cache_rows(cache: DynamicCache, start: int, rows: list[int]) -> None:
             layer.keys[..., start:end, :] = layer.keys.index_select(-2, idx)
             layer.values[..., start:end, :] = layer.values.index_select(-2, idx)
         layer.crop(-(layer.get_seq_length() - start - len(rows)))
+
+
+def add_branch(tokens: list[int], parents: list[int], branch: list[int]) -> tuple[list[int], list[int]]:
+    """The tree `(tokens, parents)` with the chain `branch` (from the anchor) added: the branch follows the nodes
+    that hold its tokens as far as they go, then its remaining tokens hang below as new nodes (appended, so parents
+    still come before their children)."""
+    tokens, parents = list(tokens), list(parents)
+    children = {(parent, token): i for i, (token, parent) in reversed(list(enumerate(zip(tokens, parents))))}
+    node = -1
+    for token in branch:
+        if (node, token) not in children:
+            tokens.append(token)
+            parents.append(node)
+            children[(node, token)] = len(tokens) - 1
+        node = children[(node, token)]
+    return tokens, parents
 
 
 def _check_cache(cache) -> None:
@@ -171,6 +190,7 @@ def tree_decoding(
     drafter=None,
     tree_width: int = DEFAULT_TREE_WIDTH,
     tree_budget: int | None = None,
+    lookup_branch: bool = False,
     **model_kwargs,
 ) -> torch.LongTensor:
     """Greedy or sampled decoding with tree verification (see the module docstring); returns `[1, n + new]` ids.
@@ -178,7 +198,9 @@ def tree_decoding(
     drafter: an xPress drafter (any refiner); the tree's depth: its `num_assistant_tokens` (all B-1 slots if None);
     tree_width: branches, the drafter's best tokens for slot 1 (1 = a chain with the branch-conditioned proposal);
     tree_budget: a dynamic tree instead (`XPressDrafterModel.propose_dynamic_tree`): the `tree_budget` draft nodes of
-    highest path probability, growing `tree_width` children from each of the `tree_width` best nodes per slot.
+    highest path probability, growing `tree_width` children from each of the `tree_width` best nodes per slot;
+    lookup_branch: with `prompt_lookup_num_tokens`, lookup's continuation joins the drafter's tree as a branch
+    (`add_branch`) instead of replacing it.
     """
     if drafter is None or not is_xpress_drafter(drafter):
         raise ValueError("tree_decoding needs drafter=<an xPress drafter>, e.g. generate(ids, custom_generate="
@@ -201,6 +223,9 @@ def tree_decoding(
     if cache is None:
         cache = DynamicCache(config=model.config)
     generator = XPressCandidateGenerator(model, drafter, generation_config, logits_processor)
+    if lookup_branch and generator.lookup is None:
+        raise ValueError("lookup_branch=True adds prompt lookup's continuation to the tree: it needs "
+                         "prompt_lookup_num_tokens=N (lookup's drafts per round), e.g. 10.")
     stats, clock, overrides = generator.stats, generator._clock, generator.model_kwargs_overrides
     lm_head = generator.main_model_output_embeddings
     max_length = generation_config.max_length
@@ -219,10 +244,12 @@ def tree_decoding(
         depth = min(generator.num_assistant_tokens, room)
         start = clock()
         looked_up = generator.lookup_continuation(input_ids)
-        if looked_up:  # prompt lookup found a continuation: verify it as a one-branch tree
-            tokens, parents, depth = looked_up, chain_parents(1, len(looked_up)), len(looked_up)
+        drafter_round = depth > 0 and (lookup_branch or not looked_up)
+        proposed = max(depth, len(looked_up)) if drafter_round else len(looked_up)  # slots the round drafts
+        if looked_up and not drafter_round:  # prompt lookup found a continuation: verify it as a one-branch tree
+            tokens, parents = looked_up, chain_parents(1, len(looked_up))
             drafted = refined = clock()
-        elif depth > 0:
+        elif drafter_round:
             hidden = generator._draft_forward(input_ids)
             base, vocab_ids = drafter.draft_scores(hidden[:, 1 : 1 + depth], lm_head)
             drafted = clock()
@@ -233,6 +260,8 @@ def tree_decoding(
             else:
                 tree, parents = drafter.propose_dynamic_tree(hidden, base, lead, tree_budget, tree_width, vocab_ids)
                 tokens = tree.tolist()
+            if looked_up:  # lookup_branch: lookup's continuation as one more branch
+                tokens, parents = add_branch(tokens, parents, looked_up)
             refined = clock()
         else:  # one token left: a plain step
             tokens, parents = [], []
@@ -258,14 +287,15 @@ def tree_decoding(
         generator._keep_features(input_ids, SimpleNamespace(hidden_states=tuple(
             None if h is None else h[:, rows] for h in outputs.hidden_states)))
         logits = logits[rows[-1] : rows[-1] + 1]
-        if depth > 0:
+        if proposed > 0:
             stats.draft_time += drafted - start
             stats.refine_time += refined - drafted
-            passes = depth if drafter.config.refiner and not looked_up else 0  # one refiner read per slot
-            generator._record_round(tokens, passes, bool(looked_up), refined, proposed=depth)
+            passes = depth if drafter.config.refiner and drafter_round else 0  # one refiner read per slot
+            generator._record_round(tokens, passes, bool(looked_up), refined, proposed=proposed)
             stats.verify_time += clock() - refined
             stats.accepted.append(len(new) - 1)
     return input_ids
 
 
-__all__ = ["DEFAULT_TREE_WIDTH", "chain_parents", "keep_cache_rows", "node_depths", "tree_attention_mask", "tree_decoding"]
+__all__ = ["DEFAULT_TREE_WIDTH", "add_branch", "chain_parents", "keep_cache_rows", "node_depths", "tree_attention_mask",
+           "tree_decoding"]

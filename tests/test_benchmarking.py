@@ -3,6 +3,7 @@ speed-up decomposition, and the `evaluate` metric module (loaded offline from it
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
@@ -12,7 +13,7 @@ import torch
 
 from hf_xpress import XPressStats
 from hf_xpress.benchmarking import (
-    PROMPT_LOOKUP_TOKENS, Method, _drafter_settings, block_latency, build_methods, format_block_table, run_benchmark,
+    PROMPT_LOOKUP_TOKENS, Method, _drafter_settings, _lookup_list, block_latency, build_methods, format_block_table, run_benchmark,
     render_report, select_methods, summarize,
 )
 from hf_xpress.cli import build_parser, main as cli_main
@@ -227,6 +228,26 @@ def test_tree_variants_run_and_record_their_rounds(llama):
     assert results["mismatches"] == []
     run = next(r for r in results["runs"] if r["method"] == "xpress K=2 es n3 tree2b5")
     assert run["stats"]["rounds"] > 0 and max(run["proposed"]) == 3
+
+
+def test_tree_methods_also_run_with_lookups_branch_in_the_tree(llama):
+    xp = tiny_drafter(llama, "xpress")
+    methods = build_methods([("xp", xp)], passes=[2], early_stop=[True], drafts=[2], prompt_lookup=None,
+                            native_dflash=False, trees=[None, 2], tree_budgets=[4],
+                            with_lookup=_lookup_list("off,on,branch"))
+    assert [m.name for m in methods] == ["plain", "xpress K=2 es n2", "xpress K=2 es n2 +pld",  # no chain +pldb
+                                         "xpress K=2 es n2 tree2b4", "xpress K=2 es n2 tree2b4 +pld",
+                                         "xpress K=2 es n2 tree2b4 +pldb"]
+    assert methods[5].generate_kwargs == {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS, "lookup_branch": True}
+    assert methods[5].describe()["prompt_lookup"] == PROMPT_LOOKUP_TOKENS
+    prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
+    results = run_benchmark(llama, None, [methods[0], methods[5]], {"s": [prompt]}, max_new_tokens=30,
+                            progress=False, warmup=False)
+    assert results["mismatches"] == []
+    run = next(r for r in results["runs"] if r["method"] == "xpress K=2 es n2 tree2b4 +pldb")
+    assert any(run["stats"]["lookup"]) and len(run["accepted"]) == run["stats"]["rounds"]
+    with pytest.raises(argparse.ArgumentTypeError, match="off, on and branch"):
+        _lookup_list("on,tree")
 
 
 @pytest.mark.parametrize("refiner", ["xpress", "markov", None])

@@ -272,3 +272,8 @@ def test_custom_generate_without_a_drafter_is_a_clear_error(published, tmp_path)
             torch.tensor([PROMPTS[0]]), custom_generate=str(folder), trust_remote_code=True, max_new_tokens=3,
             assistant_model=published["drafter"], tree_budget=4,
         )
+    with pytest.raises(ValueError, match="lookup_branch .* needs tree_width"):
+        published["target"].generate(
+            torch.tensor([PROMPTS[0]]), custom_generate=str(folder), trust_remote_code=True, max_new_tokens=3,
+            assistant_model=published["drafter"], lookup_branch=True, prompt_lookup_num_tokens=3,
+        )

@@ -15,7 +15,7 @@ from transformers.cache_utils import DynamicCache
 import hf_xpress
 from hf_xpress import XPressDrafterModel, tree_decoding
 from hf_xpress.generation import XPressCandidateGenerator
-from hf_xpress.tree_decoding import _walk, chain_parents, keep_cache_rows, node_depths, tree_attention_mask
+from hf_xpress.tree_decoding import _walk, add_branch, chain_parents, keep_cache_rows, node_depths, tree_attention_mask
 
 from conftest import assert_drafter_context_is, tiny_drafter, tiny_target
 from test_generation import V, _bound, _chi2, _exact_joint, _peaky_pair
@@ -302,6 +302,127 @@ def test_prompt_lookup_rounds_verify_one_branch_and_stay_lossless(target, refine
             assert len(tokens) == proposed * (1 if lookup else 3) and (proposed <= 5 if lookup else proposed <= 2)
         looked, drafted = looked + sum(stats.lookup), drafted + stats.lookup.count(False)
     assert looked > 0 and drafted > 0
+
+
+@pytest.mark.parametrize("refiner, budget", [(None, None), ("markov", 5), ("xpress", None), ("xpress", 5)])
+def test_lookup_branch_joins_the_drafters_tree_every_round_and_stays_lossless(target, refiner, budget, monkeypatch):
+    """With lookup_branch=True the drafter drafts every round; where lookup finds a continuation, the round verifies
+    the drafter's tree plus lookup's branch, and the drafter's context stays exact."""
+    drafter = tiny_drafter(target, refiner, num_assistant_tokens=2)
+    generators = []
+    original_init = XPressCandidateGenerator.__init__
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        generators.append(self)
+
+    forwards = [0]
+    original_forward = XPressCandidateGenerator._draft_forward
+
+    def draft_forward(self, input_ids):
+        forwards[-1] += 1
+        return original_forward(self, input_ids)
+
+    monkeypatch.setattr(XPressCandidateGenerator, "__init__", init)
+    monkeypatch.setattr(XPressCandidateGenerator, "_draft_forward", draft_forward)
+    torch.manual_seed(1)
+    looked = 0
+    for i in range(4):
+        phrase = torch.randint(0, 126, (1, 3 + i))
+        ids = torch.cat([phrase, torch.randint(0, 126, (1, 2)), phrase, phrase[:, :2]], dim=1)
+        plain = target.generate(ids, max_new_tokens=30, do_sample=False)
+        ours = _tree_generate(target, ids, drafter, 3, tree_budget=budget, max_new_tokens=30,
+                              prompt_lookup_num_tokens=5, lookup_branch=True)
+        assert torch.equal(ours, plain)
+        stats = drafter.stats
+        assert forwards[-1] == stats.rounds > 0  # the drafter drafted every round, lookup or not
+        tree_size = 3 * 2 if budget is None else budget  # the drafter's nodes (2 drafts deep)
+        for tokens, proposed, lookup in zip(stats.drafts, stats.proposed, stats.lookup):
+            assert len(tokens) <= tree_size + (5 if lookup else 0) and proposed <= (5 if lookup else 2)
+        looked += sum(stats.lookup)
+        forwards.append(0)
+        assert_drafter_context_is(generators[-1], target, ours)
+    assert looked > 0
+    with pytest.raises(ValueError, match="needs prompt_lookup_num_tokens"):
+        _tree_generate(target, ids, drafter, 3, max_new_tokens=4, lookup_branch=True)
+
+
+def test_a_round_accepts_the_longer_of_the_drafters_path_and_lookups_branch(target, monkeypatch):
+    """The target's continuation planted along a random tree path (random length) and as a random prefix of lookup's
+    branch: every round accepts the longer of the two, and both caches match fresh forwards."""
+    drafter = tiny_drafter(target, "xpress", num_assistant_tokens=3)
+    ids = torch.randint(0, 126, (1, 6))
+    long_run = target.generate(ids, max_new_tokens=60, do_sample=False)
+    truth_all = long_run[0].tolist()
+    rng, expected, generators = random.Random(2), [], []
+    original_init = XPressCandidateGenerator.__init__
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        generators.append(self)
+
+    def wrong(token: int) -> int:
+        return (token + 1 + rng.randrange(120)) % 126
+
+    def propose_dynamic_tree(self, hidden, base_logits, lead_tokens, budget, width, vocab_ids=None):
+        start = generators[-1].context_length + 1  # slot 1's position in the sequence
+        truth = truth_all[start : start + base_logits.shape[1]]
+        good = rng.randint(0, len(truth))
+        chain = truth[:good] + [wrong(t) for t in truth[good:]]  # the drafter's path: right for `good` slots
+        side = wrong(truth[0])  # and a wrong slot-1 sibling
+        tokens, parents = (chain, chain_parents(1, len(chain))) if side == chain[0] else \
+            (chain + [side], chain_parents(1, len(chain)) + [-1])
+        state["tree_good"] = good
+        return torch.tensor(tokens), parents
+
+    state = {}
+
+    def lookup_continuation(self, input_ids):
+        start = input_ids.shape[1]
+        room = self.main_model_max_length - start - 1
+        truth = truth_all[start : start + min(5, room)]
+        if not truth or rng.random() < 0.3:  # no n-gram found
+            state["lookup_good"] = 0
+            return []
+        good = rng.randint(0, len(truth))
+        state["lookup_good"] = good
+        return truth[:good] + [wrong(t) for t in truth[good:]]
+
+    original_record = XPressCandidateGenerator._record_round
+
+    def record(self, drafts, passes, lookup, end, proposed=None):
+        expected.append(max(state["tree_good"], state["lookup_good"]))
+        return original_record(self, drafts, passes, lookup, end, proposed)
+
+    monkeypatch.setattr(XPressCandidateGenerator, "__init__", init)
+    monkeypatch.setattr(XPressCandidateGenerator, "lookup_continuation", lookup_continuation)
+    monkeypatch.setattr(XPressCandidateGenerator, "_record_round", record)
+    monkeypatch.setattr(XPressDrafterModel, "propose_dynamic_tree", propose_dynamic_tree)
+    cache = DynamicCache(config=target.config)
+    ours = _tree_generate(target, ids, drafter, 3, tree_budget=4, max_new_tokens=60, cache=cache,
+                          prompt_lookup_num_tokens=5, lookup_branch=True)
+    assert torch.equal(ours, long_run)
+    accepted = drafter.stats.accepted
+    assert accepted[:-1] == expected[: len(accepted) - 1]
+    assert sum(a > 3 for a in accepted) >= 3  # lookup's branch, deeper than the drafter's tree, was accepted
+    fresh = DynamicCache(config=target.config)
+    target(ours[:, :-1], cache=fresh, use_cache=True)
+    for mine, theirs in zip(cache.layers, fresh.layers):
+        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(mine.values, theirs.values, rtol=1e-4, atol=1e-5)
+    assert_drafter_context_is(generators[-1], target, ours)
+
+
+def test_add_branch_shares_the_nodes_it_agrees_with():
+    tokens, parents = [5, 8, 6, 7], [-1, -1, 0, 0]  # anchor -> 5 -> {6, 7}; anchor -> 8
+    assert add_branch(tokens, parents, [5, 7, 9, 4]) == ([5, 8, 6, 7, 9, 4], [-1, -1, 0, 0, 3, 4])
+    assert add_branch(tokens, parents, [8]) == (tokens, parents)  # already there
+    assert add_branch(tokens, parents, [3, 5]) == ([5, 8, 6, 7, 3, 5], [-1, -1, 0, 0, -1, 4])
+    assert add_branch([], [], [1, 2]) == ([1, 2], [-1, 0])
+    assert tokens == [5, 8, 6, 7] and parents == [-1, -1, 0, 0]  # the inputs are left alone
+    merged = add_branch(tokens, parents, [5, 6, 1])
+    assert merged == ([5, 8, 6, 7, 1], [-1, -1, 0, 0, 2])
+    assert _walk(*merged, [5, 6, 0, 1, 0, 9]) == ([0, 1, 3, 5], [5, 6, 1, 9])
 
 
 def _tree_sample_counts(target, drafter, prompt, width, samples, budget=None, **processing):

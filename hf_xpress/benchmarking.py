@@ -41,6 +41,7 @@ import json
 import math
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -58,6 +59,7 @@ PLAIN = "plain"
 DEFAULT_PASSES = (1, 2, 4, 6, 8)
 DEFAULT_SETS = ("humaneval", "mtbench", "math500")
 PROMPT_LOOKUP_TOKENS = 10
+DEFAULT_OUT = "results/bench"
 NEAR_TIE_ULPS = 4  # a first mismatch whose top-2 gap is within this many ulps (target dtype) counts as a near-tie
 
 
@@ -735,6 +737,35 @@ def _aggregate(rows: list[dict]) -> dict:
     return out
 
 
+def ratio_interval(rows: list[dict], method: str, other: str = PLAIN, resamples: int = 2000,
+                   seed: int = 0) -> list[float] | None:
+    """95% bootstrap interval of `method`'s speed over `other`'s (total tokens / total time, each), resampling the
+    prompts both ran (paired: a resampled prompt brings both its runs); None with fewer than 3 such prompts.
+
+    It shows how far the figure depends on which prompts were drawn, not the timing noise within one run."""
+    def key(r: dict) -> tuple:
+        return r["set"], r.get("prompt_id")
+
+    theirs = {key(r): r for r in rows if r["method"] == other}
+    pairs = [(r["new_tokens"], r["time_s"], theirs[key(r)]["new_tokens"], theirs[key(r)]["time_s"])
+             for r in rows if r["method"] == method and key(r) in theirs]
+    if len(pairs) < 3:
+        return None
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        draw = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        tokens, elapsed, other_tokens, other_elapsed = (sum(p[i] for p in draw) for i in range(4))
+        ratios.append((tokens / elapsed) / (other_tokens / other_elapsed))
+    ratios.sort()
+    return [ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]]
+
+
+def speedup_interval(rows: list[dict], method: str, resamples: int = 2000, seed: int = 0) -> list[float] | None:
+    """`ratio_interval` over plain `generate`: the 95% interval of `method`'s speed-up."""
+    return ratio_interval(rows, method, PLAIN, resamples, seed)
+
+
 def summarize(runs: list[dict], methods: Sequence[Method], temperatures: Sequence[float], sets: list[str]) -> dict:
     """`{"T=<t>": {set or "all": {method: figures}}}` with speed-ups over plain and the decomposition."""
     summary: dict[str, dict] = {}
@@ -759,6 +790,8 @@ def summarize(runs: list[dict], methods: Sequence[Method], temperatures: Sequenc
                 plain["t_step_ms"] = t_step * 1e3
                 for name, figures in table.items():
                     figures["speedup"] = figures["tokens_per_s"] / plain["tokens_per_s"]
+                    if name != PLAIN:
+                        figures["speedup_ci95"] = speedup_interval(rows, name)
                     split = figures.get("per_round_ms")
                     if split and t_step == t_step and t_step > 0:
                         round_ms = split["draft"] + split["refine"] + split["verify"]
@@ -769,6 +802,18 @@ def summarize(runs: list[dict], methods: Sequence[Method], temperatures: Sequenc
                             "predicted_speedup": figures["tau"] * t_step * 1e3 / round_ms,
                             "break_even_tau": round_ms / (t_step * 1e3),
                         }
+            if set_name == "all" and plain:  # the fastest method, and the fastest xPress setting, against the rest
+                others = [name for name in table if name != PLAIN]
+                xpress = [m.name for m in methods if m.kind == "xpress" and m.name in table]
+                for group in (others, xpress):
+                    if len(others) < 2 or not group:
+                        continue
+                    fastest = max(group, key=lambda name: table[name]["tokens_per_s"])
+                    table[fastest]["over_others"] = {
+                        name: {"ratio": table[fastest]["tokens_per_s"] / table[name]["tokens_per_s"],
+                               "ci95": ratio_interval(rows, fastest, name)}
+                        for name in others if name != fastest
+                    }
             summary[key][set_name] = table
     return summary
 
@@ -809,6 +854,11 @@ def write_outputs(results: dict, out_dir: str | os.PathLike) -> dict[str, Path]:
     paths["report"] = out / "report.md"
     paths["report"].write_text(render_report(results, {k: v.name for k, v in plots.items()}), encoding="utf-8")
     return paths
+
+
+def _fastest(table: dict) -> str:
+    """The fastest method but plain of a summary table."""
+    return max((name for name in table if name != PLAIN), key=lambda name: table[name]["tokens_per_s"])
 
 
 def render_report(results: dict, plots: dict[str, str] | None = None) -> str:
@@ -866,12 +916,24 @@ def render_report(results: dict, plots: dict[str, str] | None = None) -> str:
             per_forward = _fmt(per_set["all"][name]["tokens_per_forward"])
             lines.append(f"| {name} | " + " | ".join(cells) + f" | {per_forward} |")
         lines += ["", "### Speed (all sets; interleaved, same prompts)", "",
-                  "| method | tokens/s | speed-up over plain | mismatches | mean passes |", "|---|---|---|---|---|"]
+                  "| method | tokens/s | speed-up over plain | 95% interval (prompts resampled) | mismatches | "
+                  "mean passes |", "|---|---|---|---|---|---|"]
         for name in methods:
             f = per_set.get("all", {}).get(name)
             if f:
-                lines.append(f"| {name} | {_fmt(f['tokens_per_s'])} | {_fmt(f.get('speedup'))}x | {f['mismatches']} | "
-                             f"{_fmt(f.get('mean_passes'))} |")
+                ci = f.get("speedup_ci95")
+                interval = f"{ci[0]:.2f}-{ci[1]:.2f}x" if ci else "-"
+                lines.append(f"| {name} | {_fmt(f['tokens_per_s'])} | {_fmt(f.get('speedup'))}x | {interval} | "
+                             f"{f['mismatches']} | {_fmt(f.get('mean_passes'))} |")
+        leaders = [name for name in methods if "over_others" in per_set.get("all", {}).get(name, {})]
+        for fastest in sorted(leaders, key=lambda name: -per_set["all"][name]["tokens_per_s"]):
+            what = "method" if fastest == _fastest(per_set["all"]) else "xPress setting"
+            lines += ["", f"The fastest {what}, **{fastest}**, against each other method (its speed over theirs, "
+                      "and the 95% interval with the prompts resampled in pairs; an interval that holds 1.00 is no "
+                      "lead):", "", "| other method | this / other | 95% interval |", "|---|---|---|"]
+            for name, f in per_set["all"][fastest]["over_others"].items():
+                ci = f["ci95"]
+                lines.append(f"| {name} | {f['ratio']:.3f}x | " + (f"{ci[0]:.3f}-{ci[1]:.3f}x" if ci else "-") + " |")
         looked = {name: per_set["all"][name]["lookup"] for name in methods if "lookup" in per_set.get("all", {}).get(name, {})}
         if looked:
             lines += ["", "Prompt lookup first: share of rounds drafted by lookup, and tau of each kind of round:", "",
@@ -1436,10 +1498,38 @@ def _optional_ints(text: str) -> list[int | None]:
     return [None if v.strip().lower() == "none" else int(v) for v in text.split(",") if v.strip()]
 
 
+def resummarize(results: dict) -> dict:
+    """A saved run (`results.json`) with its summary and headline recomputed from its runs by this version's
+    `summarize`, e.g. for figures added since it ran; the runs, timings and mismatches are kept as measured."""
+    methods = [Method(m["name"], m["kind"]) for m in results["methods"]]
+    sets = list(results["meta"]["sets"])
+    results = dict(results, summary=summarize(results["runs"], methods, results["meta"]["temperatures"], sets))
+    block = results.get("block_latency")
+    if block:  # JSON made the passes keys (K) strings
+        results["block_latency"] = block | {
+            key: {int(k): v for k, v in block[key].items()} for key in ("refine_ms", "refine_compiled_ms") if key in block
+        }
+    results["headline"] = headline(results)
+    return results
+
+
 def main(args: argparse.Namespace) -> int:
     import hf_xpress  # noqa: F401
 
     from .assets import load_target
+
+    if args.from_results:
+        source = Path(args.from_results)
+        try:
+            saved = json.loads(source.read_text(encoding="utf-8"))
+            results = resummarize(saved)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise SystemExit(f"--from-results {source}: not a results.json written by `hf-xpress bench` ({error!r})")
+        out_dir = Path(args.out) if args.out != DEFAULT_OUT else source.parent
+        paths = write_outputs(results, out_dir)
+        print(results["headline"])
+        print(f"wrote {paths['json']}, {paths['report']} and plots (re-summarized from {source})")
+        return 0
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -1578,7 +1668,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="results/bench", help="output folder")
+    p.add_argument("--out", default=DEFAULT_OUT, help="output folder")
+    p.add_argument("--from-results", metavar="RESULTS_JSON",
+                   help="load nothing and run nothing: recompute a saved run's summary, report and plots with this "
+                   "version (written next to it unless --out is given)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--fail-on-mismatch", action="store_true", help="exit 1 if a greedy output differs from plain")
     p.add_argument("--block-only", action="store_true", help="only the per-block latency micro-benchmark")

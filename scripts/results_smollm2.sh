@@ -32,6 +32,7 @@
 #   bash scripts/results_smollm2.sh tree-t1     # the shipped drafters at T = 1: chains against trees of 3
 #   bash scripts/results_smollm2.sh dyn-shape   # xPress: dynamic trees of 6-12 nodes against the tree of 3 x 2 and the shipped chain
 #   bash scripts/results_smollm2.sh dyn-speed   # the shipped drafters: chain, tree of 3 x 2, dynamic trees of 6 / 8 / 10 nodes
+#   bash scripts/results_smollm2.sh dyn-lookup  # the shipped drafters: chain, dynamic tree of 6 nodes, each tree with lookup first / lookup as a branch; + baselines
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -157,6 +158,22 @@ case "${1:-all}" in
       --early-stop on --shortlist 64 --drafts 2,4,5 --confidence 0.2 --tree none,3,4 --tree-budget none,6,8,10 \
       --no-prompt-lookup --no-native-dflash --temperature 0 --dtype bfloat16 --threads 2 \
       --methods "$(IFS=,; echo "${M[*]}")" --out "results/smollm2-bf16-dyn-speed${SUFFIX:-}"
+    ;;
+  dyn-lookup)
+    # Twentieth session: the shipped drafters as the shipped chain (threshold 0.2) and as dynamic trees of 6 nodes up to
+    # 4 deep, each tree also with prompt lookup first (' +pld': a lookup round verifies lookup's continuation alone)
+    # and with lookup's continuation joining the drafter's tree (' +pldb', `lookup_branch=True`); plain, prompt lookup
+    # and transformers' native DFlash path too; bf16, greedy, interleaved, 4 prompts per set.
+    drop_caches
+    wait_quiet
+    M=(plain pld native-dflash)
+    for m in "dflash" "markov sl64" "xpress K=2 es sl64"; do
+      M+=("$m n2 c0.2" "$m n4 tree3b6" "$m n4 tree3b6 +pld" "$m n4 tree3b6 +pldb")
+    done
+    hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit "${LIMIT:-4}" --max-new-tokens 96 --passes 2 \
+      --early-stop on --shortlist 64 --drafts 2,4 --confidence 0.2 --tree none,3 --tree-budget 6 \
+      --with-lookup off,on,branch --temperature 0 --dtype bfloat16 --threads 2 \
+      --methods "$(IFS=,; echo "${M[*]}")" --out "results/smollm2-bf16-dyn-lookup${SUFFIX:-}"
     ;;
   tree-lookup)
     # Eighteenth session: the shipped chains (threshold 0.2) and trees of 3 slot-1 branches, each also with prompt

@@ -14,7 +14,7 @@ import torch
 from hf_xpress import XPressStats
 from hf_xpress.benchmarking import (
     PROMPT_LOOKUP_TOKENS, Method, _drafter_settings, _lookup_list, block_latency, build_methods, format_block_table, run_benchmark,
-    render_report, select_methods, summarize,
+    render_report, select_methods, speedup_interval, summarize,
 )
 from hf_xpress.cli import build_parser, main as cli_main
 
@@ -110,6 +110,27 @@ def test_cli_end_to_end_writes_json_markdown_and_plots(tmp_path, llama):
         assert {f"{stem}_T0.png", f"{stem}_T1.png"} <= pngs
     assert "block_latency.png" in pngs
     assert all((out / p).stat().st_size > 1000 for p in pngs)
+
+    # the fastest method and the fastest xPress setting (when another method is faster) against every other method
+    table = results["summary"]["T=0"]["all"]
+    leaders = [name for name in names if "over_others" in table[name]]
+    fastest = max(names[1:], key=lambda name: table[name]["tokens_per_s"])
+    best_xpress = max((n for n in names if n.startswith("xpress")), key=lambda name: table[name]["tokens_per_s"])
+    assert set(leaders) == {fastest, best_xpress} and f"The fastest method, **{fastest}**" in report
+    assert (f"The fastest xPress setting, **{best_xpress}**" in report) == (best_xpress != fastest)
+    assert all(len(table[name]["over_others"]) == len(names) - 2 for name in leaders)
+
+    # a saved run re-summarized by this version: nothing loaded or run, the same figures, a fresh report
+    again = tmp_path / "again"
+    assert cli_main(["bench", "--from-results", str(out / "results.json"), "--out", str(again)]) == 0
+    redone = json.loads((again / "results.json").read_text())
+    assert redone["runs"] == results["runs"] and redone["headline"] == results["headline"]
+    assert redone["summary"]["T=0"]["all"]["xpress K=2"] == results["summary"]["T=0"]["all"]["xpress K=2"]
+    assert (again / "report.md").read_text() == report.replace(str(out), str(again))
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"runs": []}')
+    with pytest.raises(SystemExit, match="not a results.json written by `hf-xpress bench`"):
+        cli_main(["bench", "--from-results", str(broken)])
 
 
 def test_mismatch_detector_flags_a_wrong_method(llama, capsys):
@@ -317,6 +338,61 @@ def test_summary_figures_and_decomposition_by_hand():
     assert xp["per_round_ms"]["draft"] == pytest.approx(20.0) and xp["per_round_ms"]["other"] == pytest.approx(20.0)
     d = xp["decomposition"]
     assert d["predicted_speedup"] == pytest.approx(5 * 100 / 150) and d["break_even_tau"] == pytest.approx(1.5)
+
+
+def test_speedup_interval_resamples_prompts_in_pairs():
+    def runs(times):  # (plain seconds, method seconds) per prompt, 10 tokens each
+        out = []
+        for i, (plain, mine) in enumerate(times):
+            out += [_run("plain", "s", 10, plain, 0.0) | {"prompt_id": i}, _run("m", "s", 10, mine, 0.0) | {"prompt_id": i}]
+        return out
+
+    # the same 2x on every prompt: every resample gives 2x, however long each prompt takes
+    assert speedup_interval(runs([(1.0, 0.5), (3.0, 1.5), (0.2, 0.1), (5.0, 2.5)]), "m") == pytest.approx([2.0, 2.0])
+    # prompts that disagree: a wide interval around the point figure, narrower with more of the same prompts
+    mixed = [(1.0, 0.5), (1.0, 1.0), (1.0, 0.8), (1.0, 0.4), (1.0, 0.9)]
+    low, high = speedup_interval(runs(mixed), "m")
+    point = 5.0 / sum(m for _, m in mixed)
+    assert low < point < high and high - low > 0.3
+    low4, high4 = speedup_interval(runs(mixed * 4), "m")
+    assert low < low4 < point < high4 < high
+    assert speedup_interval(runs(mixed[:2]), "m") is None  # too few prompts to say
+    table = summarize(runs(mixed), [Method("plain", "plain"), Method("m", "custom")], [0.0], ["s"])["T=0"]["all"]
+    assert table["m"]["speedup_ci95"] == [low, high] and "speedup_ci95" not in table["plain"]
+
+    # the fastest method against every other one, paired the same way
+    rows = runs(mixed) + [_run("n", "s", 10, 0.7, 0.0) | {"prompt_id": i} for i in range(5)]
+    methods = [Method("plain", "plain"), Method("m", "custom"), Method("n", "custom")]
+    table = summarize(rows, methods, [0.0], ["s"])["T=0"]["all"]
+    # m: 5 prompts in 3.6 s, n: in 3.5 s -> n is the fastest
+    assert "over_others" not in table["m"] and set(table["n"]["over_others"]) == {"m"}
+    assert table["n"]["over_others"]["m"]["ratio"] == pytest.approx(3.6 / 3.5)
+    low, high = table["n"]["over_others"]["m"]["ci95"]
+    assert low < 1.0 < high  # a lead within the prompts' spread
+
+
+def test_report_sets_the_fastest_method_against_every_other(llama):
+    import time as _time
+
+    def runner(delay):
+        def run(target, ids, kwargs):
+            _time.sleep(delay)
+            return target.generate(ids, **kwargs)
+        return run
+
+    methods = [Method("plain", "plain"), Method("quick", "custom", runner=runner(0.0)),
+               Method("slow", "custom", runner=runner(0.2))]
+    results = run_benchmark(llama, None, methods, {"s": [[5, 6, 7], [3, 4], [8, 9, 10, 11]]}, max_new_tokens=4,
+                            progress=False, warmup=False)
+    table = results["summary"]["T=0"]["all"]
+    quick = table["quick"]
+    assert set(quick["over_others"]) == {"slow"} and "over_others" not in table["slow"]
+    low, high = quick["over_others"]["slow"]["ci95"]
+    assert 1.0 < low <= quick["over_others"]["slow"]["ratio"] <= high
+    assert quick["speedup_ci95"][0] <= quick["speedup"] <= quick["speedup_ci95"][1]
+    report = render_report(results)
+    assert "The fastest method, **quick**" in report and "xPress setting" not in report
+    assert f"| slow | {quick['over_others']['slow']['ratio']:.3f}x | {low:.3f}-{high:.3f}x |" in report
 
 
 def test_metric_module_loads_offline_and_matches_hand_values(monkeypatch):

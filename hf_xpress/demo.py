@@ -29,10 +29,13 @@ def run_demo(
     tree: int | None = None,
     tree_budget: int | None = None,
     drafts: int | None = None,
+    lookup: int | None = None,
 ) -> list[dict]:
     """Generate each prompt with plain greedy decoding, then with the drafter (chain verification, or with `tree`
     tree verification of that many slot-1 branches, or with `tree_budget` of a dynamic tree of that many draft nodes);
-    print and return the figures. `drafts`: drafts per round (a tree's depth), default the drafter's own."""
+    print and return the figures. `drafts`: drafts per round (a tree's depth), default the drafter's own. `lookup`:
+    prompt lookup's drafts per round too (`prompt_lookup_num_tokens`): with a tree its continuation joins the tree as
+    a branch (`lookup_branch`), with a chain it is tried first."""
     import hf_xpress  # noqa: F401  (the generate() hook)
 
     if tree_budget and not tree:
@@ -47,11 +50,14 @@ def run_demo(
     print(f"target {target} ({dtype}), drafter {drafter} (refiner={assistant.config.refiner}, "
           f"K={assistant.config.jacobi_passes}), {_describe_tree(tree, tree_budget)} verification, "
           f"{assistant.config.num_assistant_tokens} drafts per round, "
+          f"{_describe_lookup(lookup, tree)}"
           f"{torch.get_num_threads()} threads\n")
     speculative = dict(assistant_model=assistant)
     if tree:
         speculative = dict(custom_generate=hf_xpress.tree_decoding, drafter=assistant, tree_width=tree,
-                           tree_budget=tree_budget)
+                           tree_budget=tree_budget, lookup_branch=bool(lookup))
+    if lookup:
+        speculative["prompt_lookup_num_tokens"] = int(lookup)
     rows = []
     for prompt in prompts:
         ids = torch.tensor([apply_chat_template(tokenizer, [{"role": "user", "content": prompt}])])
@@ -77,6 +83,12 @@ def run_demo(
     return rows
 
 
+def _describe_lookup(lookup: int | None, tree: int | None) -> str:
+    if not lookup:
+        return ""
+    return f"prompt lookup ({lookup} drafts) {'as one more branch' if tree else 'first'}, "
+
+
 def _describe_tree(tree: int | None, budget: int | None) -> str:
     if not tree:
         return "chain"
@@ -96,6 +108,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="with --tree W: a dynamic tree of this many draft nodes (the drafter's most probable)")
     parser.add_argument("--drafts", type=int, default=None,
                         help="drafts per round (a tree's depth); default: the drafter's num_assistant_tokens")
+    parser.add_argument("--lookup", type=int, default=None, metavar="N",
+                        help="prompt lookup's N drafts per round too: with --tree they join the drafter's tree as a "
+                        "branch, with a chain lookup is tried first")
     parser.set_defaults(func=_main)
 
 
@@ -105,5 +120,5 @@ def _main(args: argparse.Namespace) -> int:
     if args.tree_budget and not args.tree:
         raise SystemExit("hf-xpress demo: --tree-budget needs --tree W (the dynamic tree's children per node)")
     rows = run_demo(args.target, args.drafter, tuple(args.prompt or DEMO_PROMPTS), args.max_new_tokens, args.dtype,
-                    args.tree, args.tree_budget, args.drafts)
+                    args.tree, args.tree_budget, args.drafts, args.lookup)
     return int(args.dtype == "float32" and not all(row["identical"] for row in rows))

@@ -33,6 +33,8 @@
 #   bash scripts/results_smollm2.sh dyn-shape   # xPress: dynamic trees of 6-12 nodes against the tree of 3 x 2 and the shipped chain
 #   bash scripts/results_smollm2.sh dyn-speed   # the shipped drafters: chain, tree of 3 x 2, dynamic trees of 6 / 8 / 10 nodes
 #   bash scripts/results_smollm2.sh dyn-lookup  # the shipped drafters: chain, dynamic tree of 6 nodes, each tree with lookup first / lookup as a branch; + baselines
+#   bash scripts/results_smollm2.sh dyn-lookup-shape  # with lookup as a branch: dynamic trees of 6 / 8 / 10 nodes (Markov head, xPress)
+#   bash scripts/results_smollm2.sh fp32-dyn-lookup  # fp32 exactness of dynamic trees with lookup as a branch (fails on a mismatch)
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
 set -euo pipefail
@@ -175,6 +177,20 @@ case "${1:-all}" in
       --with-lookup off,on,branch --temperature 0 --dtype bfloat16 --threads 2 \
       --methods "$(IFS=,; echo "${M[*]}")" --out "results/smollm2-bf16-dyn-lookup${SUFFIX:-}"
     ;;
+  dyn-lookup-shape)
+    # Twentieth session: with lookup as a branch, which dynamic tree? The refiners' trees of 6 / 8 nodes up to 4 deep
+    # and 10 nodes up to 5 deep, bf16, greedy, interleaved, 4 prompts per set.
+    drop_caches
+    wait_quiet
+    M=(plain)
+    for m in "markov sl64" "xpress K=2 es sl64"; do
+      M+=("$m n4 tree3b6 +pldb" "$m n4 tree3b8 +pldb" "$m n5 tree4b10 +pldb")
+    done
+    hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit "${LIMIT:-4}" --max-new-tokens 96 --passes 2 \
+      --early-stop on --shortlist 64 --drafts 4,5 --tree 3,4 --tree-budget 6,8,10 --with-lookup branch \
+      --no-prompt-lookup --no-native-dflash --temperature 0 --dtype bfloat16 --threads 2 \
+      --methods "$(IFS=,; echo "${M[*]}")" --out "results/smollm2-bf16-dyn-lookup-shape${SUFFIX:-}"
+    ;;
   tree-lookup)
     # Eighteenth session: the shipped chains (threshold 0.2) and trees of 3 slot-1 branches, each also with prompt
     # lookup first (a lookup round verifies lookup's continuation as one branch), bf16, greedy.
@@ -216,6 +232,16 @@ case "${1:-all}" in
     hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 4 --max-new-tokens 96 --temperature 0 \
       --passes 2 --early-stop on --shortlist 64 --drafts 2 --no-native-dflash --no-prompt-lookup --with-lookup on \
       --dtype float32 --threads 2 --fail-on-mismatch --out results/smollm2-fp32-lookup --no-progress
+    ;;
+  fp32-dyn-lookup)
+    # Twentieth session: exactness of dynamic trees with prompt lookup as a branch, fp32, every shipped drafter
+    # (fails on any mismatch); 4 prompts per set.
+    M=(plain)
+    for m in "dflash" "markov sl64" "xpress K=2 es sl64"; do M+=("$m n4 tree3b6 +pldb"); done
+    hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 4 --max-new-tokens 96 --temperature 0 \
+      --passes 2 --early-stop on --shortlist 64 --drafts 4 --tree 3 --tree-budget 6 --with-lookup branch \
+      --no-native-dflash --no-prompt-lookup --dtype float32 --threads 2 --fail-on-mismatch \
+      --methods "$(IFS=,; echo "${M[*]}")" --out results/smollm2-fp32-dyn-lookup --no-progress
     ;;
   block5)
     # Tenth session: run twice, the second time as `block5 b` (results/block-smollm2-bf16-sl64-run5b).

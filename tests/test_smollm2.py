@@ -149,9 +149,10 @@ def test_demo_command_runs_the_shipped_drafter_exactly(capsys):
     assert f"> {prompt}" in out and "refiner=xpress" in out
     assert "identical to plain generate: True" in out and "tau " in out
     assert main(["demo", "--prompt", prompt, "--max-new-tokens", "12", "--tree", "3", "--tree-budget", "6",
-                 "--drafts", "4"]) == 0
+                 "--drafts", "4", "--lookup", "10"]) == 0
     out = capsys.readouterr().out
-    assert "dynamic tree of 6 nodes (width 3) verification, 4 drafts per round" in out
+    assert ("dynamic tree of 6 nodes (width 3) verification, 4 drafts per round, prompt lookup (10 drafts) as one "
+            "more branch") in out
     assert "identical to plain generate: True" in out
     with pytest.raises(SystemExit, match="--tree-budget needs --tree"):
         main(["demo", "--tree-budget", "6"])

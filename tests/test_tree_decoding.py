@@ -426,19 +426,23 @@ def test_add_branch_shares_the_nodes_it_agrees_with():
 
 
 def _tree_sample_counts(target, drafter, prompt, width, samples, budget=None, **processing):
-    counts, accepted = torch.zeros([V] * 4), 0
+    counts, accepted, looked = torch.zeros([V] * 4), 0, 0
     torch.manual_seed(123)
     for _ in range(samples):
         out = target.generate(prompt, custom_generate=tree_decoding, drafter=drafter, tree_width=width,
                               tree_budget=budget, max_new_tokens=4, do_sample=True, **processing)
         counts[tuple(out[0, prompt.shape[1] :].tolist())] += 1
         accepted += sum(drafter.stats.accepted)
-    return counts, accepted
+        looked += sum(drafter.stats.lookup)
+    return counts, accepted, looked
 
 
-@pytest.mark.parametrize("processing, width, refiner, budget", [(dict(top_k=0), 2, "xpress", None),
-                                                                (dict(temperature=0.7, top_k=3), 3, "markov", None),
-                                                                (dict(top_k=0), 2, "xpress", 5)])
+@pytest.mark.parametrize("processing, width, refiner, budget", [
+    (dict(top_k=0), 2, "xpress", None),
+    (dict(temperature=0.7, top_k=3), 3, "markov", None),
+    (dict(top_k=0), 2, "xpress", 5),
+    (dict(top_k=0, prompt_lookup_num_tokens=2, lookup_branch=True), 2, "xpress", 3),  # + lookup's branch
+])
 def test_sampling_from_a_tree_keeps_the_target_distribution_and_a_wrong_sampler_is_caught(
     processing, width, refiner, budget, monkeypatch
 ):
@@ -448,16 +452,19 @@ def test_sampling_from_a_tree_keeps_the_target_distribution_and_a_wrong_sampler_
 
     target, drafter = _peaky_pair(seed=7, refiner=refiner)
     drafter.config.num_assistant_tokens = 2
-    prompt = torch.tensor([[1, 2, 0]])
-    exact = _exact_joint(target, prompt, 4, **processing)
-    counts, accepted = _tree_sample_counts(target, drafter, prompt, width, 1500, budget, **processing)
+    lookup = "lookup_branch" in processing
+    prompt = torch.tensor([[1, 2, 0, 1, 2]] if lookup else [[1, 2, 0]])  # with lookup: n-grams that recur
+    sampling = {k: v for k, v in processing.items() if k not in ("prompt_lookup_num_tokens", "lookup_branch")}
+    exact = _exact_joint(target, prompt, 4, **sampling)
+    counts, accepted, looked = _tree_sample_counts(target, drafter, prompt, width, 1500, budget, **processing)
     stat, dof = _chi2(counts, exact)
     assert stat < _bound(dof), (stat, dof)
     assert accepted > 100  # drafts really were accepted, from several branches
+    assert (looked > 300) == lookup  # lookup's branch joined the tree in many rounds
 
     pick = module._pick
     monkeypatch.setattr(module, "_pick", lambda scores, sample: pick(scores * 1.5, sample))
-    counts, _ = _tree_sample_counts(target, drafter, prompt, width, 500, budget, **processing)
+    counts, _, _ = _tree_sample_counts(target, drafter, prompt, width, 500, budget, **processing)
     stat, dof = _chi2(counts, exact)
     assert stat > _bound(dof), (stat, dof)
 

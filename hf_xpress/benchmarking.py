@@ -133,7 +133,7 @@ class Method:
             out.update(shortlist=self.shortlist, drafts=self.drafts, confidence=self.confidence,
                        draft_vocab=self.draft_vocab and getattr(self.model, "draft_vocab", None) is not None,
                        prompt_lookup=self.generate_kwargs.get("prompt_lookup_num_tokens"), tree=self.tree,
-                       tree_budget=self.tree_budget)
+                       tree_budget=self.tree_budget, lookup_branch=bool(self.generate_kwargs.get("lookup_branch")))
         if self.model is not None and getattr(self.model, "config", None) is not None:
             cfg = self.model.config
             out["model"] = {
@@ -148,6 +148,13 @@ class Method:
     @property
     def ours(self) -> bool:
         return self.kind in ("dflash", "markov", "xpress")
+
+    def settings_key(self) -> tuple:
+        """What one of our methods submits per round, whichever the drafter: drafts, threshold, draft vocabulary, tree
+        and prompt lookup (not the refiner's own settings: passes, early stop, shortlist)."""
+        lookup = self.generate_kwargs.get("prompt_lookup_num_tokens")
+        return (self.drafts, self.confidence, self.draft_vocab, self.tree, self.tree_budget, lookup,
+                bool(self.generate_kwargs.get("lookup_branch")))
 
 
 def _drafter_kind(drafter) -> str:
@@ -814,6 +821,21 @@ def summarize(runs: list[dict], methods: Sequence[Method], temperatures: Sequenc
                                "ci95": ratio_interval(rows, fastest, name)}
                         for name in others if name != fastest
                     }
+                # each xPress method against the other drafters run with the same submission settings
+                by_settings: dict[tuple, list[Method]] = {}
+                for m in methods:
+                    if m.ours and m.name in table:
+                        by_settings.setdefault(m.settings_key(), []).append(m)
+                for group in by_settings.values():
+                    for xp in (m for m in group if m.kind == "xpress"):
+                        rivals = [m.name for m in group if m.kind != "xpress"]
+                        if rivals:
+                            table[xp.name]["vs_same_settings"] = {
+                                name: {"ratio": table[xp.name]["tokens_per_s"] / table[name]["tokens_per_s"],
+                                       "tau_ratio": table[xp.name]["tau"] / table[name]["tau"],
+                                       "ci95": ratio_interval(rows, xp.name, name)}
+                                for name in rivals
+                            }
             summary[key][set_name] = table
     return summary
 
@@ -934,6 +956,17 @@ def render_report(results: dict, plots: dict[str, str] | None = None) -> str:
             for name, f in per_set["all"][fastest]["over_others"].items():
                 ci = f["ci95"]
                 lines.append(f"| {name} | {f['ratio']:.3f}x | " + (f"{ci[0]:.3f}-{ci[1]:.3f}x" if ci else "-") + " |")
+        paired = [name for name in methods if "vs_same_settings" in per_set.get("all", {}).get(name, {})]
+        if paired:
+            lines += ["", "xPress against the other drafters at the same settings (drafts per round, threshold, tree, "
+                      "prompt lookup): its speed and tau over theirs, and the speed ratio's 95% interval with the "
+                      "prompts resampled in pairs:", "", "| xPress method | other method | speed ratio | 95% interval "
+                      "| tau ratio |", "|---|---|---|---|---|"]
+            for name in paired:
+                for other, f in per_set["all"][name]["vs_same_settings"].items():
+                    ci = f["ci95"]
+                    lines.append(f"| {name} | {other} | {f['ratio']:.3f}x | "
+                                 + (f"{ci[0]:.3f}-{ci[1]:.3f}x" if ci else "-") + f" | {f['tau_ratio']:.3f}x |")
         looked = {name: per_set["all"][name]["lookup"] for name in methods if "lookup" in per_set.get("all", {}).get(name, {})}
         if looked:
             lines += ["", "Prompt lookup first: share of rounds drafted by lookup, and tau of each kind of round:", "",
@@ -1498,10 +1531,25 @@ def _optional_ints(text: str) -> list[int | None]:
     return [None if v.strip().lower() == "none" else int(v) for v in text.split(",") if v.strip()]
 
 
+def _method_from(described: dict) -> Method:
+    """A `Method` rebuilt from its `describe()` (model-free: enough to summarize a saved run)."""
+    method = Method(described["name"], described["kind"])
+    if method.ours:
+        method.drafts, method.confidence = described.get("drafts"), described.get("confidence", 0.0)
+        method.draft_vocab = " allV" not in described["name"]  # requested (describe() says whether one was used)
+        method.tree = described.get("tree")
+        method.tree_budget = described.get("tree_budget")
+        if described.get("prompt_lookup"):
+            method.generate_kwargs["prompt_lookup_num_tokens"] = described["prompt_lookup"]
+        if described.get("lookup_branch") or described["name"].endswith(" +pldb"):  # runs saved before the field
+            method.generate_kwargs["lookup_branch"] = True
+    return method
+
+
 def resummarize(results: dict) -> dict:
     """A saved run (`results.json`) with its summary and headline recomputed from its runs by this version's
     `summarize`, e.g. for figures added since it ran; the runs, timings and mismatches are kept as measured."""
-    methods = [Method(m["name"], m["kind"]) for m in results["methods"]]
+    methods = [_method_from(m) for m in results["methods"]]
     sets = list(results["meta"]["sets"])
     results = dict(results, summary=summarize(results["runs"], methods, results["meta"]["temperatures"], sets))
     block = results.get("block_latency")

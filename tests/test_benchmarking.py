@@ -120,12 +120,23 @@ def test_cli_end_to_end_writes_json_markdown_and_plots(tmp_path, llama):
     assert (f"The fastest xPress setting, **{best_xpress}**" in report) == (best_xpress != fastest)
     assert all(len(table[name]["over_others"]) == len(names) - 2 for name in leaders)
 
+    # each xPress method against dFlash and the Markov head at the same submission settings, paired on the prompts
+    for name in (n for n in names if n.startswith("xpress")):
+        versus = table[name]["vs_same_settings"]
+        assert set(versus) == {"dflash", "markov"}
+        assert versus["markov"]["ratio"] == pytest.approx(table[name]["tokens_per_s"] / table["markov"]["tokens_per_s"])
+        assert versus["dflash"]["tau_ratio"] == pytest.approx(table[name]["tau"] / table["dflash"]["tau"])
+        assert versus["dflash"]["ci95"] is None  # 2 prompts: too few for an interval
+    assert "xPress against the other drafters at the same settings" in report
+    assert "vs_same_settings" not in table["markov"]
+
     # a saved run re-summarized by this version: nothing loaded or run, the same figures, a fresh report
     again = tmp_path / "again"
     assert cli_main(["bench", "--from-results", str(out / "results.json"), "--out", str(again)]) == 0
     redone = json.loads((again / "results.json").read_text())
     assert redone["runs"] == results["runs"] and redone["headline"] == results["headline"]
     assert redone["summary"]["T=0"]["all"]["xpress K=2"] == results["summary"]["T=0"]["all"]["xpress K=2"]
+    assert redone["summary"] == results["summary"]
     assert (again / "report.md").read_text() == report.replace(str(out), str(again))
     broken = tmp_path / "broken.json"
     broken.write_text('{"runs": []}')
@@ -260,7 +271,10 @@ def test_tree_methods_also_run_with_lookups_branch_in_the_tree(llama):
                                          "xpress K=2 es n2 tree2b4", "xpress K=2 es n2 tree2b4 +pld",
                                          "xpress K=2 es n2 tree2b4 +pldb"]
     assert methods[5].generate_kwargs == {"prompt_lookup_num_tokens": PROMPT_LOOKUP_TOKENS, "lookup_branch": True}
-    assert methods[5].describe()["prompt_lookup"] == PROMPT_LOOKUP_TOKENS
+    assert methods[5].describe()["prompt_lookup"] == PROMPT_LOOKUP_TOKENS and methods[5].describe()["lookup_branch"]
+    markov = build_methods([("mk", tiny_drafter(llama, "markov"))], drafts=[2], prompt_lookup=None, native_dflash=False,
+                           trees=[2], tree_budgets=[4], with_lookup=["branch"])[1]
+    assert markov.settings_key() == methods[5].settings_key() != methods[4].settings_key()
     prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
     results = run_benchmark(llama, None, [methods[0], methods[5]], {"s": [prompt]}, max_new_tokens=30,
                             progress=False, warmup=False)

@@ -1839,17 +1839,21 @@ def greedy_reference(target: Any, tokenizer: Any, sets: list[str], limit: int, m
 @torch.no_grad()
 def measure_tau(target: Any, tokenizer: Any, drafter: XPressDrafterModel, sets: list[str], limit: int,
                 max_new_tokens: int = 128, reference: dict | None = None, tree_width: int | None = None,
-                tree_budget: int | None = None) -> dict:
+                tree_budget: int | None = None, lookup: int | None = None) -> dict:
     """Greedy `target.generate(..., assistant_model=drafter)` on the first `limit` prompts of each set; returns per
     set the pooled tau (accepted drafts / rounds + 1), per-prompt accepted drafts and rounds, per-slot acceptance,
     and how many outputs equal plain greedy `generate` token for token (`reference` from `greedy_reference`, or
     computed here). With `tree_width`, tree verification of that many branches (`hf_xpress.tree_decoding`), or with
-    `tree_budget` too, of a dynamic tree of that many draft nodes."""
+    `tree_budget` too, of a dynamic tree of that many draft nodes. With `lookup`, prompt lookup's drafts too
+    (`prompt_lookup_num_tokens`): a branch of the tree (`lookup_branch`), or tried first for chains; tau is then the
+    method's (lookup rounds included), not the drafter's alone."""
     import hf_xpress  # noqa: F401  (installs the candidate generator)
 
     from .assets import apply_chat_template, load_prompts
 
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None)
+    if lookup:
+        kwargs["prompt_lookup_num_tokens"] = int(lookup)
     results: dict[str, Any] = {}
     for name in sets:
         accepted, rounds, per_prompt, identical, new_tokens = 0, 0, [], 0, 0
@@ -1860,12 +1864,12 @@ def measure_tau(target: Any, tokenizer: Any, drafter: XPressDrafterModel, sets: 
             if reference is not None and record.id in reference.get(name, {}):
                 plain = reference[name][record.id]
             else:
-                plain = target.generate(ids, **kwargs)[0, ids.shape[1] :].tolist()
+                plain = target.generate(ids, **(kwargs | {"prompt_lookup_num_tokens": None}))[0, ids.shape[1] :].tolist()
             if tree_width:
                 from .tree_decoding import tree_decoding
 
                 spec = target.generate(ids, custom_generate=tree_decoding, drafter=drafter, tree_width=tree_width,
-                                       tree_budget=tree_budget, **kwargs)
+                                       tree_budget=tree_budget, lookup_branch=bool(lookup), **kwargs)
             else:
                 spec = target.generate(ids, assistant_model=drafter, **kwargs)
             stats = drafter.stats
@@ -1913,7 +1917,7 @@ def tau_main(args: argparse.Namespace) -> int:
     if args.tree_budget and not args.tree:
         raise SystemExit("--tree-budget needs --tree W (the dynamic tree's expansion width)")
     res = measure_tau(target, tokenizer, drafter, sets, args.limit, args.max_new_tokens, reference, args.tree,
-                      args.tree_budget)
+                      args.tree_budget, args.lookup)
     c = drafter.config  # every inference setting the figures depend on (the drafter's own defaults are used)
     res["_setup"] = {"drafter": args.drafter, "refiner": c.refiner, "target": args.target, "target_dtype": "float32",
                      "greedy": True,
@@ -1921,7 +1925,8 @@ def tau_main(args: argparse.Namespace) -> int:
                      "jacobi_early_stop": c.jacobi_early_stop, "num_assistant_tokens": c.num_assistant_tokens,
                      "assistant_confidence_threshold": c.assistant_confidence_threshold,
                      "refiner_shortlist": c.refiner_shortlist, "draft_vocab_size": c.draft_vocab_size,
-                     "tree_width": args.tree, "tree_budget": args.tree_budget}
+                     "tree_width": args.tree, "tree_budget": args.tree_budget, "prompt_lookup": args.lookup,
+                     "lookup_branch": bool(args.lookup and args.tree)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
     return 0
@@ -1943,6 +1948,8 @@ def add_tau_parser(subparsers: Any) -> argparse.ArgumentParser:
                    "(hf_xpress.tree_decoding; default: chain verification)")
     p.add_argument("--tree-budget", type=int, default=None, help="with --tree W: a dynamic tree of this many draft "
                    "nodes, the most probable under the drafter (W children from each of the W best nodes per slot)")
+    p.add_argument("--lookup", type=int, default=None, metavar="N", help="prompt lookup's N drafts per round too: "
+                   "with --tree a branch of the tree (lookup_branch), else tried first; tau is then the method's")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None)
     p.set_defaults(func=tau_main)

@@ -51,7 +51,7 @@
 #   bash scripts/train_smollm2.sh tau11     # the eleventh run's tau on 24 prompts per set, at the shipped settings
 #   bash scripts/train_smollm2.sh ship11    # ship the eleventh run's drafters
 #   bash scripts/train_smollm2.sh tau-tree  # the shipped drafters with tree verification (TREE=3 branches), LIMIT (24) prompts/set
-#   bash scripts/train_smollm2.sh tau-dyn   # the shipped drafters with dynamic trees (TREE=3, BUDGET=8 nodes, DEPTH=4), LIMIT (24) prompts/set
+#   bash scripts/train_smollm2.sh tau-dyn   # the shipped drafters with dynamic trees (TREE=3, BUDGET=8 nodes, DEPTH=4), LIMIT (24) prompts/set; LOOKUP=N adds prompt lookup as a branch
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -472,12 +472,13 @@ PY
     # Nineteenth session: the shipped drafters with dynamic trees (tree_budget: the drafter's BUDGET (8) most probable
     # draft nodes, TREE (3) children from each of the TREE best nodes per slot, up to DEPTH (4) slots deep), greedy,
     # on the prompts and greedy reference of tau11.
-    tag="dyn${TREE:-3}b${BUDGET:-8}d${DEPTH:-4}"
+    # LOOKUP=N (twentieth session): prompt lookup's N drafts join each tree as a branch (tag ...l<N>).
+    tag="dyn${TREE:-3}b${BUDGET:-8}d${DEPTH:-4}${LOOKUP:+l$LOOKUP}"
     for refiner in ${REFINERS:-none markov xpress}; do
       name=${refiner/none/dflash}
       python -m hf_xpress.training tau --drafter "drafters/smollm2-135m-$name-b16" --reference "$REF24" \
         --sets humaneval,mtbench,math500 --limit "${LIMIT:-24}" --threads 1 --tree "${TREE:-3}" \
-        --tree-budget "${BUDGET:-8}" --set "num_assistant_tokens=${DEPTH:-4}" \
+        --tree-budget "${BUDGET:-8}" --set "num_assistant_tokens=${DEPTH:-4}" ${LOOKUP:+--lookup "$LOOKUP"} \
         --out "results/training/tau-$refiner-11-$tag.json" &
     done
     wait

@@ -830,6 +830,21 @@ def test_measure_tau_is_lossless_and_pools_rounds(monkeypatch):
     rounds = sum(p["rounds"] for p in res["per_prompt"])
     assert res["tau"] == pytest.approx(sum(p["accepted"] for p in res["per_prompt"]) / rounds + 1)
 
+    # a dynamic tree with prompt lookup as a branch: still lossless, and lookup's branch is in the rounds
+    monkeypatch.setattr(assets, "apply_chat_template", lambda tok, rec: [5, 9, 17, 5, 9, 17, 5, 9])
+    reference = T.greedy_reference(target, None, ["fake"], 2, max_new_tokens=12)
+    looked = []
+    original = T.XPressDrafterModel.propose_dynamic_tree
+
+    def spy(self, *args, **kwargs):
+        looked.append(True)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(T.XPressDrafterModel, "propose_dynamic_tree", spy)
+    res = T.measure_tau(target, None, drafter, ["fake"], 2, max_new_tokens=12, reference=reference, tree_width=2,
+                        tree_budget=3, lookup=4)["fake"]
+    assert res["identical_to_greedy"] == 2 and looked and any(drafter.stats.lookup)
+
 
 _REALLOCATION_FAULTS = """
 import resource, sys, torch

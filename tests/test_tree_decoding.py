@@ -28,6 +28,29 @@ def _tree_generate(target, ids, drafter, width, **kwargs):
                            **kwargs)
 
 
+def _assert_cache_matches_a_fresh_forward(target, cache, tokens: torch.Tensor) -> None:
+    """The target's cache holds every committed token but the last, as one forward over them would give."""
+    fresh = DynamicCache(config=target.config)
+    target(tokens[:, :-1], cache=fresh, use_cache=True)
+    assert cache.get_seq_length() == tokens.shape[1] - 1
+    for mine, theirs in zip(cache.layers, fresh.layers):
+        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(mine.values, theirs.values, rtol=1e-4, atol=1e-5)
+
+
+def _capture_generators(monkeypatch) -> list[XPressCandidateGenerator]:
+    """Every candidate generator built from now on (tree decoding builds one per `generate` call), in order."""
+    generators = []
+    original_init = XPressCandidateGenerator.__init__
+
+    def init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        generators.append(self)
+
+    monkeypatch.setattr(XPressCandidateGenerator, "__init__", init)
+    return generators
+
+
 def _prompts(n: int) -> list[torch.Tensor]:
     torch.manual_seed(0)
     return [torch.randint(0, 126, (1, length)) for length in [1, 2, 3, 7, 16, 31, 90][:n]]
@@ -157,7 +180,7 @@ def oracle(monkeypatch):
     drafts from branches other than the first and the cache must be compacted."""
     state = {"continuation": None, "generators": [], "branches": []}
     rng = random.Random(0)
-    original_tree, original_init = XPressDrafterModel.propose_tree, XPressCandidateGenerator.__init__
+    original_tree = XPressDrafterModel.propose_tree
 
     def propose_tree(self, hidden, base_logits, lead_tokens, width, vocab_ids=None):
         tree = original_tree(self, hidden, base_logits, lead_tokens, width, vocab_ids).clone()
@@ -174,12 +197,8 @@ def oracle(monkeypatch):
         state["branches"].append((branch, good))
         return tree
 
-    def init(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        state["generators"].append(self)
-
+    state["generators"] = _capture_generators(monkeypatch)
     monkeypatch.setattr(XPressDrafterModel, "propose_tree", propose_tree)
-    monkeypatch.setattr(XPressCandidateGenerator, "__init__", init)
     return state
 
 
@@ -197,12 +216,7 @@ def test_accepted_side_branches_keep_exactly_the_path_in_both_caches(target, ref
     assert side >= 5 and max(stats.accepted) == 5 and stats.tau > 2
 
     # the target's cache: every committed token but the last, as one forward over them would give
-    fresh = DynamicCache(config=target.config)
-    target(ours[:, :-1], cache=fresh, use_cache=True)
-    assert cache.get_seq_length() == ours.shape[1] - 1
-    for mine, theirs in zip(cache.layers, fresh.layers):
-        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(mine.values, theirs.values, rtol=1e-4, atol=1e-5)
+    _assert_cache_matches_a_fresh_forward(target, cache, ours)
 
     # the drafter's cache: the target features of the verified tokens before the last anchor, in order
     generator = oracle["generators"][-1]
@@ -227,12 +241,7 @@ def test_random_trees_with_the_truth_anywhere_keep_exactly_the_path_in_both_cach
     drafter = tiny_drafter(target, "xpress", num_assistant_tokens=4)
     ids = torch.randint(0, 126, (1, 6))
     long_run = target.generate(ids, max_new_tokens=60, do_sample=False)
-    rng, planted, generators = random.Random(1), [], []
-    original_init = XPressCandidateGenerator.__init__
-
-    def init(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        generators.append(self)
+    rng, planted, generators = random.Random(1), [], _capture_generators(monkeypatch)
 
     def propose_dynamic_tree(self, hidden, base_logits, lead_tokens, budget, width, vocab_ids=None):
         depth, size = base_logits.shape[1], rng.randint(1, budget)
@@ -259,18 +268,13 @@ def test_random_trees_with_the_truth_anywhere_keep_exactly_the_path_in_both_cach
         planted.append(min(len(path), len(truth)))
         return torch.tensor(tokens), parents
 
-    monkeypatch.setattr(XPressCandidateGenerator, "__init__", init)
     monkeypatch.setattr(XPressDrafterModel, "propose_dynamic_tree", propose_dynamic_tree)
     cache = DynamicCache(config=target.config)
     ours = _tree_generate(target, ids, drafter, 3, tree_budget=7, max_new_tokens=60, cache=cache)
     assert torch.equal(ours, long_run)
     accepted = drafter.stats.accepted
     assert accepted[:-1] == planted[: len(accepted) - 1] and sum(a >= 2 for a in accepted) >= 5
-    fresh = DynamicCache(config=target.config)
-    target(ours[:, :-1], cache=fresh, use_cache=True)
-    for mine, theirs in zip(cache.layers, fresh.layers):
-        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(mine.values, theirs.values, rtol=1e-4, atol=1e-5)
+    _assert_cache_matches_a_fresh_forward(target, cache, ours)
     assert_drafter_context_is(generators[-1], target, ours)
 
 
@@ -309,12 +313,7 @@ def test_lookup_branch_joins_the_drafters_tree_every_round_and_stays_lossless(ta
     """With lookup_branch=True the drafter drafts every round; where lookup finds a continuation, the round verifies
     the drafter's tree plus lookup's branch, and the drafter's context stays exact."""
     drafter = tiny_drafter(target, refiner, num_assistant_tokens=2)
-    generators = []
-    original_init = XPressCandidateGenerator.__init__
-
-    def init(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        generators.append(self)
+    generators = _capture_generators(monkeypatch)
 
     forwards = [0]
     original_forward = XPressCandidateGenerator._draft_forward
@@ -323,7 +322,6 @@ def test_lookup_branch_joins_the_drafters_tree_every_round_and_stays_lossless(ta
         forwards[-1] += 1
         return original_forward(self, input_ids)
 
-    monkeypatch.setattr(XPressCandidateGenerator, "__init__", init)
     monkeypatch.setattr(XPressCandidateGenerator, "_draft_forward", draft_forward)
     torch.manual_seed(1)
     looked = 0
@@ -354,12 +352,7 @@ def test_a_round_accepts_the_longer_of_the_drafters_path_and_lookups_branch(targ
     ids = torch.randint(0, 126, (1, 6))
     long_run = target.generate(ids, max_new_tokens=60, do_sample=False)
     truth_all = long_run[0].tolist()
-    rng, expected, generators = random.Random(2), [], []
-    original_init = XPressCandidateGenerator.__init__
-
-    def init(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        generators.append(self)
+    rng, expected, generators = random.Random(2), [], _capture_generators(monkeypatch)
 
     def wrong(token: int) -> int:
         return (token + 1 + rng.randrange(120)) % 126
@@ -394,7 +387,6 @@ def test_a_round_accepts_the_longer_of_the_drafters_path_and_lookups_branch(targ
         expected.append(max(state["tree_good"], state["lookup_good"]))
         return original_record(self, drafts, passes, lookup, end, proposed)
 
-    monkeypatch.setattr(XPressCandidateGenerator, "__init__", init)
     monkeypatch.setattr(XPressCandidateGenerator, "lookup_continuation", lookup_continuation)
     monkeypatch.setattr(XPressCandidateGenerator, "_record_round", record)
     monkeypatch.setattr(XPressDrafterModel, "propose_dynamic_tree", propose_dynamic_tree)
@@ -405,11 +397,7 @@ def test_a_round_accepts_the_longer_of_the_drafters_path_and_lookups_branch(targ
     accepted = drafter.stats.accepted
     assert accepted[:-1] == expected[: len(accepted) - 1]
     assert sum(a > 3 for a in accepted) >= 3  # lookup's branch, deeper than the drafter's tree, was accepted
-    fresh = DynamicCache(config=target.config)
-    target(ours[:, :-1], cache=fresh, use_cache=True)
-    for mine, theirs in zip(cache.layers, fresh.layers):
-        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(mine.values, theirs.values, rtol=1e-4, atol=1e-5)
+    _assert_cache_matches_a_fresh_forward(target, cache, ours)
     assert_drafter_context_is(generators[-1], target, ours)
 
 

@@ -18,7 +18,8 @@ import math
 from pathlib import Path
 
 SETTINGS = ("num_assistant_tokens", "assistant_confidence_threshold", "jacobi_passes", "jacobi_early_stop",
-            "refiner_shortlist", "draft_vocab_size", "max_new_tokens", "target_dtype", "tree_width", "tree_budget")
+            "refiner_shortlist", "draft_vocab_size", "max_new_tokens", "target_dtype", "tree_width", "tree_budget",
+            "prompt_lookup", "lookup_branch")
 
 
 def pooled(prompts: list[dict]) -> float:

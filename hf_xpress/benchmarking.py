@@ -969,8 +969,9 @@ def render_report(results: dict, plots: dict[str, str] | None = None) -> str:
                                  + (f"{ci[0]:.3f}-{ci[1]:.3f}x" if ci else "-") + f" | {f['tau_ratio']:.3f}x |")
         looked = {name: per_set["all"][name]["lookup"] for name in methods if "lookup" in per_set.get("all", {}).get(name, {})}
         if looked:
-            lines += ["", "Prompt lookup first: share of rounds drafted by lookup, and tau of each kind of round:", "",
-                      "| method | lookup rounds | tau, lookup rounds | tau, drafter rounds |", "|---|---|---|---|"]
+            lines += ["", "With prompt lookup: share of rounds where lookup found a continuation (' +pld': verified "
+                      "alone; ' +pldb': joined the drafter's tree), and tau of each kind of round:", "",
+                      "| method | lookup rounds | tau, lookup rounds | tau, other rounds |", "|---|---|---|---|"]
             lines += [f"| {name} | {f['share']:.0%} | {_fmt(f['tau_lookup_rounds'])} | {_fmt(f['tau_drafter_rounds'])} |"
                       for name, f in looked.items()]
         lines += ["", "Speed-up per set:", "", "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]

@@ -1852,8 +1852,7 @@ def measure_tau(target: Any, tokenizer: Any, drafter: XPressDrafterModel, sets: 
     from .assets import apply_chat_template, load_prompts
 
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None)
-    if lookup:
-        kwargs["prompt_lookup_num_tokens"] = int(lookup)
+    speculative = kwargs | ({"prompt_lookup_num_tokens": int(lookup)} if lookup else {})
     results: dict[str, Any] = {}
     for name in sets:
         accepted, rounds, per_prompt, identical, new_tokens = 0, 0, [], 0, 0
@@ -1864,14 +1863,14 @@ def measure_tau(target: Any, tokenizer: Any, drafter: XPressDrafterModel, sets: 
             if reference is not None and record.id in reference.get(name, {}):
                 plain = reference[name][record.id]
             else:
-                plain = target.generate(ids, **(kwargs | {"prompt_lookup_num_tokens": None}))[0, ids.shape[1] :].tolist()
+                plain = target.generate(ids, **kwargs)[0, ids.shape[1] :].tolist()
             if tree_width:
                 from .tree_decoding import tree_decoding
 
                 spec = target.generate(ids, custom_generate=tree_decoding, drafter=drafter, tree_width=tree_width,
-                                       tree_budget=tree_budget, lookup_branch=bool(lookup), **kwargs)
+                                       tree_budget=tree_budget, lookup_branch=bool(lookup), **speculative)
             else:
-                spec = target.generate(ids, assistant_model=drafter, **kwargs)
+                spec = target.generate(ids, assistant_model=drafter, **speculative)
             stats = drafter.stats
             identical += int(spec[0, ids.shape[1] :].tolist() == plain)
             accepted += sum(stats.accepted)

@@ -14,7 +14,7 @@ import torch
 from hf_xpress import XPressStats
 from hf_xpress.benchmarking import (
     PROMPT_LOOKUP_TOKENS, Method, _drafter_settings, _lookup_list, block_latency, build_methods, format_block_table, run_benchmark,
-    render_report, select_methods, speedup_interval, summarize,
+    ratio_interval, render_report, select_methods, summarize,
 )
 from hf_xpress.cli import build_parser, main as cli_main
 
@@ -362,15 +362,15 @@ def test_speedup_interval_resamples_prompts_in_pairs():
         return out
 
     # the same 2x on every prompt: every resample gives 2x, however long each prompt takes
-    assert speedup_interval(runs([(1.0, 0.5), (3.0, 1.5), (0.2, 0.1), (5.0, 2.5)]), "m") == pytest.approx([2.0, 2.0])
+    assert ratio_interval(runs([(1.0, 0.5), (3.0, 1.5), (0.2, 0.1), (5.0, 2.5)]), "m") == pytest.approx([2.0, 2.0])
     # prompts that disagree: a wide interval around the point figure, narrower with more of the same prompts
     mixed = [(1.0, 0.5), (1.0, 1.0), (1.0, 0.8), (1.0, 0.4), (1.0, 0.9)]
-    low, high = speedup_interval(runs(mixed), "m")
+    low, high = ratio_interval(runs(mixed), "m")
     point = 5.0 / sum(m for _, m in mixed)
     assert low < point < high and high - low > 0.3
-    low4, high4 = speedup_interval(runs(mixed * 4), "m")
+    low4, high4 = ratio_interval(runs(mixed * 4), "m")
     assert low < low4 < point < high4 < high
-    assert speedup_interval(runs(mixed[:2]), "m") is None  # too few prompts to say
+    assert ratio_interval(runs(mixed[:2]), "m") is None  # too few prompts to say
     table = summarize(runs(mixed), [Method("plain", "plain"), Method("m", "custom")], [0.0], ["s"])["T=0"]["all"]
     assert table["m"]["speedup_ci95"] == [low, high] and "speedup_ci95" not in table["plain"]
 

@@ -34,6 +34,7 @@
 #   bash scripts/results_smollm2.sh dyn-speed   # the shipped drafters: chain, tree of 3 x 2, dynamic trees of 6 / 8 / 10 nodes
 #   bash scripts/results_smollm2.sh dyn-lookup  # the shipped drafters: chain, dynamic tree of 6 nodes, each tree with lookup first / lookup as a branch; + baselines
 #   bash scripts/results_smollm2.sh dyn-lookup-shape  # with lookup as a branch: dynamic trees of 6 / 8 / 10 nodes (Markov head, xPress)
+#   bash scripts/results_smollm2.sh dyn-lookup-deep  # with lookup as a branch: 16-node trees 6 deep against 6 nodes 4 deep
 #   bash scripts/results_smollm2.sh fp32-dyn-lookup  # fp32 exactness of dynamic trees with lookup as a branch (fails on a mismatch)
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
@@ -190,6 +191,21 @@ case "${1:-all}" in
       --early-stop on --shortlist 64 --drafts 4,5 --tree 3,4 --tree-budget 6,8,10 --with-lookup branch \
       --no-prompt-lookup --no-native-dflash --temperature 0 --dtype bfloat16 --threads 2 \
       --methods "$(IFS=,; echo "${M[*]}")" --out "results/smollm2-bf16-dyn-lookup-shape${SUFFIX:-}"
+    ;;
+  dyn-lookup-deep)
+    # Twenty-first session: with lookup as a branch, the deep trees where xPress led the Markov head in acceptance
+    # (16 nodes, 4 children per node, up to 6 deep) against the 6-node trees 4 deep, and the deep tree alone; bf16,
+    # greedy, interleaved, 8 prompts per set.
+    drop_caches
+    wait_quiet
+    M=(plain pld)
+    for m in "dflash" "markov sl64" "xpress K=2 es sl64"; do
+      M+=("$m n4 tree3b6 +pldb" "$m n6 tree4b16" "$m n6 tree4b16 +pldb")
+    done
+    hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit "${LIMIT:-8}" --max-new-tokens 96 --passes 2 \
+      --early-stop on --shortlist 64 --drafts 4,6 --tree 3,4 --tree-budget 6,16 --with-lookup off,branch \
+      --no-native-dflash --temperature 0 --dtype bfloat16 --threads 2 \
+      --methods "$(IFS=,; echo "${M[*]}")" --out "results/smollm2-bf16-dyn-lookup-deep${SUFFIX:-}"
     ;;
   tree-lookup)
     # Eighteenth session: the shipped chains (threshold 0.2) and trees of 3 slot-1 branches, each also with prompt

@@ -42,6 +42,7 @@ import math
 import os
 import platform
 import random
+import re
 import statistics
 import sys
 import time
@@ -122,6 +123,7 @@ class Method:
     draft_vocab: bool = True  # ours: draft among the drafter's stored draft vocabulary, if it has one
     tree: int | None = None  # ours: tree verification with this many slot-1 branches (None: a chain)
     tree_budget: int | None = None  # ours, with `tree`: a dynamic tree of this many draft nodes (None: W branches)
+    tree_temperature: float | None = None  # ours, dynamic trees: rank nodes at this temperature (None: the drafter's)
     generate_kwargs: dict = field(default_factory=dict)
     runner: Callable | None = None
 
@@ -134,6 +136,9 @@ class Method:
                        draft_vocab=self.draft_vocab and getattr(self.model, "draft_vocab", None) is not None,
                        prompt_lookup=self.generate_kwargs.get("prompt_lookup_num_tokens"), tree=self.tree,
                        tree_budget=self.tree_budget, lookup_branch=bool(self.generate_kwargs.get("lookup_branch")))
+            if self.tree_budget is not None:  # the temperature the dynamic tree ranked its nodes at
+                out["tree_temperature"] = (self.tree_temperature if self.tree_temperature is not None
+                                           else getattr(self.model.config, "tree_temperature", None))
         if self.model is not None and getattr(self.model, "config", None) is not None:
             cfg = self.model.config
             out["model"] = {
@@ -151,10 +156,11 @@ class Method:
 
     def settings_key(self) -> tuple:
         """What one of our methods submits per round, whichever the drafter: drafts, threshold, draft vocabulary, tree
-        and prompt lookup (not the refiner's own settings: passes, early stop, shortlist)."""
+        and prompt lookup, and a dynamic tree's temperature (not the refiner's own settings: passes, early stop,
+        shortlist)."""
         lookup = self.generate_kwargs.get("prompt_lookup_num_tokens")
         return (self.drafts, self.confidence, self.draft_vocab, self.tree, self.tree_budget, lookup,
-                bool(self.generate_kwargs.get("lookup_branch")))
+                bool(self.generate_kwargs.get("lookup_branch")), self.tree_temperature)
 
 
 def _drafter_kind(drafter) -> str:
@@ -177,6 +183,7 @@ def build_methods(
     with_lookup: Iterable[bool | str] = (False,),
     trees: Iterable[int | None] = (None,),
     tree_budgets: Iterable[int | None] = (None,),
+    tree_temperatures: Iterable[float | None] = (None,),
 ) -> list[Method]:
     """The method list: plain, prompt lookup, assisted (if `assistant`), native DFlash, then ours per drafter.
 
@@ -192,10 +199,12 @@ def build_methods(
     `trees` (None: the chain) runs each of ours with tree verification (names carry " tree<W>"), at every budget in
     `tree_budgets` (None: W fixed branches; N: a dynamic tree of N draft nodes as deep as the drafts per round, names
     carry " tree<W>b<N>"); a tree ignores the confidence threshold, so it runs once per drafts-per-round (and
-    prompt-lookup) setting.
+    prompt-lookup) setting. Dynamic trees also run at each `tree_temperatures` value (None: the drafter's own
+    `tree_temperature`; T: names carry " t<T>").
     """
     passes, early_stop, shortlists = list(passes), list(early_stop), list(shortlists)
     trees = [(w, b) for w in trees for b in ([None] if w is None else list(tree_budgets))]
+    temperatures = list(tree_temperatures)
 
     def submission(name: str, **method) -> list[Method]:
         """`name` at every tree width (chain first) x drafts-per-round x confidence-threshold (chains only) x
@@ -204,12 +213,13 @@ def build_methods(
         return [
             Method(name + (f" n{n}" if n else "") + (f" c{c:g}" if c else "") + ("" if dv else " allV")
                    + ("" if w is None else f" tree{w}") + ("" if b is None else f"b{b}")
-                   + {False: "", True: " +pld", "branch": " +pldb"}[lookup],
-                   drafts=n, confidence=c, draft_vocab=dv, tree=w, tree_budget=b,
+                   + ("" if t is None else f" t{t:g}") + {False: "", True: " +pld", "branch": " +pldb"}[lookup],
+                   drafts=n, confidence=c, draft_vocab=dv, tree=w, tree_budget=b, tree_temperature=t,
                    generate_kwargs=({"prompt_lookup_num_tokens": prompt_lookup or PROMPT_LOOKUP_TOKENS} if lookup else {})
                    | ({"lookup_branch": True} if lookup == "branch" else {}),
                    **method)
-            for w, b in trees for n in drafts for c in (confidences if w is None else [0.0])
+            for w, b in trees for t in ([None] if b is None else temperatures) for n in drafts
+            for c in (confidences if w is None else [0.0])
             for dv in (list(draft_vocabs) if has_vocab else [True]) for lookup in with_lookup
             if not (lookup == "branch" and w is None)  # a chain has no tree to join
         ]
@@ -346,7 +356,8 @@ def _generate_kwargs(target, max_new_tokens: int, temperature: float) -> dict:
 
 @contextlib.contextmanager
 def _drafter_settings(method: Method):
-    """Set K / early stop / shortlist / drafts per round on the drafter's config for one run (restored after)."""
+    """Set K / early stop / shortlist / drafts per round / tree temperature on the drafter's config for one run
+    (restored after)."""
     if not method.ours:
         yield
         return
@@ -357,6 +368,8 @@ def _drafter_settings(method: Method):
     cfg.refiner_shortlist = method.shortlist
     cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = method.drafts, "constant"
     cfg.assistant_confidence_threshold = method.confidence
+    if method.tree_temperature is not None:
+        cfg.tree_temperature = method.tree_temperature
     vocab = method.model.draft_vocab
     if not method.draft_vocab:
         method.model.draft_vocab = None  # the whole vocabulary for this run
@@ -1523,6 +1536,15 @@ def _optional_ints(text: str) -> list[int | None]:
     return [None if v.strip().lower() == "none" else int(v) for v in text.split(",") if v.strip()]
 
 
+def _optional_floats(text: str) -> list[float | None]:
+    """"none,1.5" -> [None, 1.5] (--tree-temperature: positive values)."""
+    values = [None if v.strip().lower() == "none" else float(v) for v in text.split(",") if v.strip()]
+    bad = [v for v in values if v is not None and not 0.0 < v < float("inf")]
+    if bad:
+        raise ValueError(f"--tree-temperature takes positive numbers or none, got {bad}")
+    return values
+
+
 def _method_from(described: dict) -> Method:
     """A `Method` rebuilt from its `describe()` (model-free: enough to summarize a saved run)."""
     method = Method(described["name"], described["kind"])
@@ -1531,6 +1553,8 @@ def _method_from(described: dict) -> Method:
         method.draft_vocab = " allV" not in described["name"]  # requested (describe() says whether one was used)
         method.tree = described.get("tree")
         method.tree_budget = described.get("tree_budget")
+        if re.search(r" t\d", described["name"]):  # asked for (" t<T>"), else the drafter's own
+            method.tree_temperature = described.get("tree_temperature")
         if described.get("prompt_lookup"):
             method.generate_kwargs["prompt_lookup_num_tokens"] = described["prompt_lookup"]
         if described.get("lookup_branch") or described["name"].endswith(" +pldb"):  # runs saved before the field
@@ -1621,6 +1645,7 @@ def main(args: argparse.Namespace) -> int:
         with_lookup=_lookup_list(args.with_lookup),
         trees=_optional_ints(args.tree),
         tree_budgets=_optional_ints(args.tree_budget),
+        tree_temperatures=_optional_floats(args.tree_temperature),
     )
     if args.methods:
         methods = select_methods(methods, args.methods)
@@ -1697,6 +1722,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--tree-budget", default="none",
                    help="with --tree: dynamic trees of this many draft nodes, the drafter's most probable, as deep as "
                    "--drafts (names end in ' tree<W>b<N>'), e.g. none,8 (none: W fixed branches)")
+    p.add_argument("--tree-temperature", default="none",
+                   help="with --tree-budget: dynamic trees ranking their nodes at these temperatures (tree_temperature; "
+                   "names carry ' t<T>'), e.g. none,1.5 (none: each drafter's own)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=PROMPT_LOOKUP_TOKENS)
     p.add_argument("--with-lookup", default="off",
                    help="our methods with prompt lookup first (drafter rounds only where lookup finds nothing; "

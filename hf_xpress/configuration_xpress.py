@@ -13,7 +13,7 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 DRAFT_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
 # Settings that change how a drafter drafts, not what it is: safe to change on a trained drafter.
 INFERENCE_SETTINGS = ("jacobi_passes", "jacobi_early_stop", "refiner_shortlist", "num_assistant_tokens",
-                      "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+                      "num_assistant_tokens_schedule", "assistant_confidence_threshold", "tree_temperature")
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
@@ -69,6 +69,11 @@ class XPressDrafterConfig(PreTrainedConfig):
         assistant_confidence_threshold (`float`): a round's drafts end at the first slot whose draft probability
             (under the returned, processed logits) is below this value, that slot included (transformers'
             `AssistantConfidenceCriteria` rule, here with a fixed threshold). 0 (default): never.
+        tree_temperature (`float`): a dynamic draft tree (`tree_decoding` with `tree_budget`) keeps the draft nodes of
+            highest path probability, computed from the drafter's scores divided by this temperature. Above 1 it
+            corrects a drafter that is over-confident in its first choices (the tree then spends fewer nodes deep
+            down its best path and more on alternatives); 1 (default): the scores as they are. It changes which nodes
+            are verified, never the output; chains and fixed trees rank within a slot only and ignore it.
         draft_vocab_size (`int`, *optional*): if set to N, the drafter drafts among N fixed token ids only (the
             model's `draft_vocab` buffer, saved with the weights: by default the most frequent target labels of its
             training data, which its losses covered). Its base logits then read N rows of the target's lm_head
@@ -129,6 +134,7 @@ class XPressDrafterConfig(PreTrainedConfig):
     num_assistant_tokens: int | None = None
     num_assistant_tokens_schedule: str = "constant"
     assistant_confidence_threshold: float = 0.0
+    tree_temperature: float = 1.0
 
     def __post_init__(self, **kwargs: Any) -> None:
         if self.target_hidden_size is None:
@@ -147,7 +153,7 @@ class XPressDrafterConfig(PreTrainedConfig):
         # Types first (a config.json edited by hand, `--set`): the range checks below would fail inside Python.
         for name, kinds in (("jacobi_passes", (int,)), ("jacobi_early_stop", (bool,)), ("refiner_shortlist", (int, None)),
                             ("num_assistant_tokens", (int, None)), ("assistant_confidence_threshold", (int, float)),
-                            ("draft_vocab_size", (int, None))):
+                            ("draft_vocab_size", (int, None)), ("tree_temperature", (int, float))):
             value = getattr(self, name)
             if not any(value is None if k is None else isinstance(value, k) and (k is bool) == isinstance(value, bool)
                        for k in kinds):
@@ -191,6 +197,8 @@ class XPressDrafterConfig(PreTrainedConfig):
                 f"XPressDrafterConfig: num_assistant_tokens must be None or in [1, block_size - 1 = {self.block_size - 1}]"
                 f", got {self.num_assistant_tokens}."
             )
+        if not 0.0 < self.tree_temperature < float("inf"):
+            raise ValueError(f"XPressDrafterConfig: tree_temperature must be a positive number, got {self.tree_temperature}.")
         if self.num_assistant_tokens_schedule not in DRAFT_SCHEDULES:
             raise ValueError(
                 f"XPressDrafterConfig: num_assistant_tokens_schedule must be one of {DRAFT_SCHEDULES}, got "

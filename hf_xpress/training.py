@@ -1821,15 +1821,17 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
 
 
 @torch.no_grad()
-def greedy_reference(target: Any, tokenizer: Any, sets: list[str], limit: int, max_new_tokens: int = 128) -> dict:
-    """Plain greedy `generate` outputs `{set: {prompt id: new token ids}}` (the losslessness reference)."""
+def greedy_reference(target: Any, tokenizer: Any, sets: list[str], limit: int, max_new_tokens: int = 128,
+                     skip: int = 0) -> dict:
+    """Plain greedy `generate` outputs `{set: {prompt id: new token ids}}` (the losslessness reference) for the
+    prompts `measure_tau` reads with the same `limit` and `skip`."""
     from .assets import apply_chat_template, load_prompts
 
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None)
     out: dict[str, dict[str, list[int]]] = {}
     for name in sets:
         out[name] = {}
-        for record in load_prompts(name, limit):
+        for record in load_prompts(name, skip + limit)[skip:]:
             ids = torch.tensor([apply_chat_template(tokenizer, record)])
             out[name][record.id] = target.generate(ids, **kwargs)[0, ids.shape[1] :].tolist()
         print(f"[tau] greedy reference for {name}: {len(out[name])} prompts", flush=True)
@@ -1839,8 +1841,9 @@ def greedy_reference(target: Any, tokenizer: Any, sets: list[str], limit: int, m
 @torch.no_grad()
 def measure_tau(target: Any, tokenizer: Any, drafter: XPressDrafterModel, sets: list[str], limit: int,
                 max_new_tokens: int = 128, reference: dict | None = None, tree_width: int | None = None,
-                tree_budget: int | None = None, lookup: int | None = None) -> dict:
-    """Greedy `target.generate(..., assistant_model=drafter)` on the first `limit` prompts of each set; returns per
+                tree_budget: int | None = None, lookup: int | None = None, skip: int = 0) -> dict:
+    """Greedy `target.generate(..., assistant_model=drafter)` on the first `limit` prompts of each set (after the
+    first `skip`: a development split for choosing inference settings apart from the reported prompts); returns per
     set the pooled tau (accepted drafts / rounds + 1), per-prompt accepted drafts and rounds, per-slot acceptance,
     and how many outputs equal plain greedy `generate` token for token (`reference` from `greedy_reference`, or
     computed here). With `tree_width`, tree verification of that many branches (`hf_xpress.tree_decoding`), or with
@@ -1858,7 +1861,7 @@ def measure_tau(target: Any, tokenizer: Any, drafter: XPressDrafterModel, sets: 
         accepted, rounds, per_prompt, identical, new_tokens = 0, 0, [], 0, 0
         slot_hits = [0] * (drafter.config.block_size - 1)
         start = time.time()
-        for record in load_prompts(name, limit):
+        for record in load_prompts(name, skip + limit)[skip:]:
             ids = torch.tensor([apply_chat_template(tokenizer, record)])
             if reference is not None and record.id in reference.get(name, {}):
                 plain = reference[name][record.id]
@@ -1905,7 +1908,7 @@ def tau_main(args: argparse.Namespace) -> int:
         if ref_path.exists():
             reference = json.loads(ref_path.read_text())
         elif args.drafter is None:
-            reference = greedy_reference(target, tokenizer, sets, args.limit, args.max_new_tokens)
+            reference = greedy_reference(target, tokenizer, sets, args.limit, args.max_new_tokens, args.skip)
             ref_path.parent.mkdir(parents=True, exist_ok=True)
             ref_path.write_text(json.dumps(reference))
     if args.drafter is None:
@@ -1916,15 +1919,17 @@ def tau_main(args: argparse.Namespace) -> int:
     if args.tree_budget and not args.tree:
         raise SystemExit("--tree-budget needs --tree W (the dynamic tree's expansion width)")
     res = measure_tau(target, tokenizer, drafter, sets, args.limit, args.max_new_tokens, reference, args.tree,
-                      args.tree_budget, args.lookup)
+                      args.tree_budget, args.lookup, args.skip)
     c = drafter.config  # every inference setting the figures depend on (the drafter's own defaults are used)
     res["_setup"] = {"drafter": args.drafter, "refiner": c.refiner, "target": args.target, "target_dtype": "float32",
                      "greedy": True,
-                     "max_new_tokens": args.max_new_tokens, "limit": args.limit, "jacobi_passes": c.jacobi_passes,
+                     "max_new_tokens": args.max_new_tokens, "limit": args.limit, "skip": args.skip,
+                     "jacobi_passes": c.jacobi_passes,
                      "jacobi_early_stop": c.jacobi_early_stop, "num_assistant_tokens": c.num_assistant_tokens,
                      "assistant_confidence_threshold": c.assistant_confidence_threshold,
                      "refiner_shortlist": c.refiner_shortlist, "draft_vocab_size": c.draft_vocab_size,
-                     "tree_width": args.tree, "tree_budget": args.tree_budget, "prompt_lookup": args.lookup,
+                     "tree_width": args.tree, "tree_budget": args.tree_budget, "tree_temperature": c.tree_temperature,
+                     "prompt_lookup": args.lookup,
                      "lookup_branch": bool(args.lookup and args.tree)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
@@ -1938,6 +1943,8 @@ def add_tau_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--reference", default=None, help="json of plain greedy outputs: read if present, else written")
     p.add_argument("--sets", default="humaneval,mtbench,math500")
     p.add_argument("--limit", type=int, default=10)
+    p.add_argument("--skip", type=int, default=0, metavar="N",
+                   help="leave out each set's first N prompts (a development split apart from the reported ones)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--passes", type=int, default=None, help="Jacobi passes (default: the drafter's config)")
     p.add_argument("--set", action="append", help="override an inference setting of the drafter's config, "

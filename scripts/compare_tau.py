@@ -19,7 +19,8 @@ from pathlib import Path
 
 SETTINGS = ("num_assistant_tokens", "assistant_confidence_threshold", "jacobi_passes", "jacobi_early_stop",
             "refiner_shortlist", "draft_vocab_size", "max_new_tokens", "target_dtype", "tree_width", "tree_budget",
-            "prompt_lookup", "lookup_branch")
+            "prompt_lookup", "lookup_branch", "tree_temperature", "skip")
+DEFAULTS = {"tree_temperature": 1.0, "skip": 0}  # what files written before these settings were recorded ran at
 
 
 def pooled(prompts: list[dict]) -> float:
@@ -55,7 +56,7 @@ def main() -> None:
     args = ap.parse_args()
     runs = [json.loads(Path(f).read_text()) for f in args.files]
     sets = [s for s in runs[0] if not s.startswith("_") and all(s in r for r in runs)]
-    setups = [{k: r.get("_setup", {}).get(k) for k in SETTINGS} for r in runs]
+    setups = [{k: r.get("_setup", {}).get(k, DEFAULTS.get(k)) for k in SETTINGS} for r in runs]
     for f, s in zip(args.files, setups):
         flag = "" if s == setups[0] else "   <-- other inference settings than the first file"
         print(f"{f}: {s}{flag}")

@@ -473,13 +473,20 @@ PY
     # draft nodes, TREE (3) children from each of the TREE best nodes per slot, up to DEPTH (4) slots deep), greedy,
     # on the prompts and greedy reference of tau11.
     # LOOKUP=N (twentieth session): prompt lookup's N drafts join each tree as a branch (tag ...l<N>).
-    tag="dyn${TREE:-3}b${BUDGET:-8}d${DEPTH:-4}${LOOKUP:+l$LOOKUP}"
+    # TEMP=T (twenty-first session): the tree ranks its nodes with the drafter's scores divided by T (tree_temperature;
+    # tag ...t<T>). DEV=1: on the development split instead (each set's prompts 25-40, never reported; tag dev-...).
+    tag="dyn${TREE:-3}b${BUDGET:-8}d${DEPTH:-4}${LOOKUP:+l$LOOKUP}${TEMP:+t$TEMP}"
+    ref=$REF24 split=(--limit "${LIMIT:-24}")
+    if [ -n "${DEV:-}" ]; then
+      ref=results/training/greedy-reference-dev16.json split=(--skip 24 --limit 16) tag="dev-$tag"
+      [ -f "$ref" ] || python -m hf_xpress.training tau --reference "$ref" --sets humaneval,mtbench,math500 "${split[@]}"
+    fi
     for refiner in ${REFINERS:-none markov xpress}; do
       name=${refiner/none/dflash}
-      python -m hf_xpress.training tau --drafter "drafters/smollm2-135m-$name-b16" --reference "$REF24" \
-        --sets humaneval,mtbench,math500 --limit "${LIMIT:-24}" --threads 1 --tree "${TREE:-3}" \
+      python -m hf_xpress.training tau --drafter "drafters/smollm2-135m-$name-b16" --reference "$ref" \
+        --sets humaneval,mtbench,math500 "${split[@]}" --threads 1 --tree "${TREE:-3}" \
         --tree-budget "${BUDGET:-8}" --set "num_assistant_tokens=${DEPTH:-4}" ${LOOKUP:+--lookup "$LOOKUP"} \
-        --out "results/training/tau-$refiner-11-$tag.json" &
+        ${TEMP:+--set "tree_temperature=$TEMP"} --out "results/training/tau-$refiner-11-$tag.json" &
     done
     wait
     ;;

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_xpress import XPressStats
+from hf_xpress import XPressDrafterModel, XPressStats
 from hf_xpress.benchmarking import (
-    PROMPT_LOOKUP_TOKENS, Method, _drafter_settings, _lookup_list, block_latency, build_methods, format_block_table, run_benchmark,
+    PROMPT_LOOKUP_TOKENS, Method, _drafter_settings, _lookup_list, _method_from, _optional_floats, block_latency, build_methods, format_block_table, run_benchmark,
     ratio_interval, render_report, select_methods, summarize,
 )
 from hf_xpress.cli import build_parser, main as cli_main
@@ -283,6 +283,33 @@ def test_tree_methods_also_run_with_lookups_branch_in_the_tree(llama):
     assert any(run["stats"]["lookup"]) and len(run["accepted"]) == run["stats"]["rounds"]
     with pytest.raises(argparse.ArgumentTypeError, match="off, on and branch"):
         _lookup_list("on,tree")
+
+
+def test_dynamic_trees_also_run_at_each_tree_temperature(llama, monkeypatch):
+    xp = tiny_drafter(llama, "xpress")
+    methods = build_methods([("xp", xp)], passes=[2], early_stop=[True], drafts=[3], prompt_lookup=None,
+                            native_dflash=False, trees=[None, 2], tree_budgets=[None, 4],
+                            tree_temperatures=_optional_floats("none,1.5"))
+    assert [m.name for m in methods] == ["plain", "xpress K=2 es n3", "xpress K=2 es n3 tree2",  # one each: T unused
+                                         "xpress K=2 es n3 tree2b4", "xpress K=2 es n3 tree2b4 t1.5"]
+    assert methods[3].settings_key() != methods[4].settings_key()
+    assert methods[3].describe()["tree_temperature"] == 1.0 and methods[4].describe()["tree_temperature"] == 1.5
+    assert "tree_temperature" not in methods[2].describe()
+    assert [_method_from(m.describe()).tree_temperature for m in methods[3:]] == [None, 1.5]
+    seen = []
+    original = XPressDrafterModel.propose_dynamic_tree
+
+    def propose(self, *args, **kwargs):
+        seen.append(self.config.tree_temperature)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(XPressDrafterModel, "propose_dynamic_tree", propose)
+    results = run_benchmark(llama, None, [methods[0], methods[4]], {"s": [[5, 6, 7, 8, 9, 10]]}, max_new_tokens=20,
+                            progress=False, warmup=False)
+    assert results["mismatches"] == [] and seen and set(seen) == {1.5}
+    assert xp.config.tree_temperature == 1.0  # restored after the run
+    with pytest.raises(ValueError, match=r"--tree-temperature takes positive numbers or none, got \[0.0\]"):
+        _optional_floats("none,0")
 
 
 @pytest.mark.parametrize("refiner", ["xpress", "markov", None])

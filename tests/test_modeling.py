@@ -53,6 +53,9 @@ def test_from_target_derives_every_target_field(target):
         (dict(jacobi_passes="2"), "jacobi_passes must be int, got '2'"),
         (dict(jacobi_early_stop=1), "jacobi_early_stop must be bool, got 1"),
         (dict(num_assistant_tokens=True), "num_assistant_tokens must be int or None, got True"),
+        (dict(tree_temperature=0.0), "tree_temperature must be a positive number, got 0.0"),
+        (dict(tree_temperature=float("nan")), "tree_temperature must be a positive number, got nan"),
+        (dict(tree_temperature="1.5"), "tree_temperature must be int or float, got '1.5'"),
     ],
 )
 def test_config_rejects_inconsistent_fields(kwargs, message):

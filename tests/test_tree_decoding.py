@@ -131,6 +131,14 @@ def test_dynamic_tree_equals_plain_generate(target, refiner, budget, width):
     assert all(len(d) <= budget for d in drafter.stats.drafts) and max(map(len, drafter.stats.drafts)) == budget
 
 
+@pytest.mark.parametrize("temperature", [0.5, 3.0])
+def test_dynamic_tree_with_a_tree_temperature_equals_plain_generate(target, temperature):
+    drafter = tiny_drafter(target, "xpress", num_assistant_tokens=4, tree_temperature=temperature)
+    for ids in _prompts(4):
+        plain = target.generate(ids, max_new_tokens=30, do_sample=False)
+        assert torch.equal(_tree_generate(target, ids, drafter, 3, tree_budget=6, max_new_tokens=30), plain)
+
+
 def _path_log_prob(drafter, hidden, base, lead, path):
     """log p of a path of draft tokens under the drafter, slot by slot, from the refiner read teacher-forced on the
     full-length input (the reference the dynamic tree's incremental scores must agree with)."""
@@ -140,10 +148,12 @@ def _path_log_prob(drafter, hidden, base, lead, path):
 
 
 @torch.no_grad()
-def test_dynamic_tree_keeps_the_most_probable_paths(target):
+@pytest.mark.parametrize("temperature", [1.0, 4.0])
+def test_dynamic_tree_keeps_the_most_probable_paths(target, temperature):
     """Against brute force over every 1- and 2-token path: with the whole vocabulary as width the candidates are all
-    of them, and the tree must be exactly the `budget` paths of highest probability."""
-    drafter = tiny_drafter(target, "xpress")
+    of them, and the tree must be exactly the `budget` paths of highest probability (each slot's probabilities a
+    softmax of the drafter's scores divided by `tree_temperature`)."""
+    drafter = tiny_drafter(target, "xpress", tree_temperature=temperature)
     torch.manual_seed(5)
     hidden, base, lead = torch.randn(1, 16, 64), torch.randn(1, 2, 128) * 2, [4, 9]
     tokens, parents = drafter.propose_dynamic_tree(hidden, base, torch.tensor([lead]), budget=9, width=128)
@@ -152,14 +162,37 @@ def test_dynamic_tree_keeps_the_most_probable_paths(target):
         assert parents[i] < i  # parents first
         paths.append((*(paths[parents[i]] if parents[i] >= 0 else ()), int(tokens[i])))
     everything = [(a,) for a in range(128)] + [(a, b) for a in range(128) for b in range(128)]
-    slot1 = torch.log_softmax(base[0, 0] + drafter.refiner(hidden, torch.tensor([lead + [0] * 14]))[0, 0], -1)
+    slot1 = base[0, 0] + drafter.refiner(hidden, torch.tensor([lead + [0] * 14]))[0, 0]
     prev = torch.tensor([lead + [a] + [0] * 13 for a in range(128)])
-    slot2 = torch.log_softmax(base[0, 1] + drafter.refiner(hidden.expand(128, -1, -1), prev)[:, 1], -1)
+    slot2 = base[0, 1] + drafter.refiner(hidden.expand(128, -1, -1), prev)[:, 1]
+    slot1, slot2 = (torch.log_softmax(s / temperature, -1) for s in (slot1, slot2))
     score = {p: float(slot1[p[0]] + (slot2[p[0], p[1]] if len(p) == 2 else 0.0)) for p in everything}
     best = sorted(everything, key=lambda p: (-score[p], len(p)))[:9]
     assert set(paths) == set(best)
-    for p in paths[:3]:  # the incremental scores are the full-input reference's
-        assert abs(score[p] - _path_log_prob(drafter, hidden, base, lead, p)) < 1e-4
+    if temperature == 1.0:
+        for p in paths[:3]:  # the incremental scores are the full-input reference's
+            assert abs(score[p] - _path_log_prob(drafter, hidden, base, lead, p)) < 1e-4
+    else:  # the temperature changed the tree (else this case would prove nothing about it)
+        drafter.config.tree_temperature = 1.0
+        other, other_parents = drafter.propose_dynamic_tree(hidden, base, torch.tensor([lead]), budget=9, width=128)
+        assert (other.tolist(), other_parents) != (tokens.tolist(), parents)
+
+
+def test_tree_temperature_trades_depth_for_width(target):
+    """An over-confident slot 1 (one token far ahead) gets a deep chain at T = 1; a higher temperature flattens it
+    and spends the same budget on slot-1 alternatives. Chains and fixed trees rank within a slot and ignore T."""
+    drafter = tiny_drafter(target, None)
+    scores = torch.full((1, 3, 128), -10.0)
+    scores[0, 0, :3] = torch.tensor([4.0, 1.0, 1.0])  # slot 1: 0.90 / 0.04 / 0.04 at T = 1
+    scores[0, 1:, 5] = 6.0  # slots 2-3: sure of token 5
+    lead, hidden = torch.tensor([[1, 2]]), torch.zeros(1, 16, 64)
+    tokens, parents = drafter.propose_dynamic_tree(hidden, scores, lead, 3, 3)
+    assert tokens.tolist() == [0, 5, 5] and parents == [-1, 0, 1]
+    fixed = drafter.propose_tree(hidden, scores, lead, width=3)
+    drafter.config.tree_temperature = 8.0
+    tokens, parents = drafter.propose_dynamic_tree(hidden, scores, lead, 3, 3)
+    assert tokens.tolist() == [0, 1, 2] and parents == [-1, -1, -1]
+    assert torch.equal(drafter.propose_tree(hidden, scores, lead, width=3), fixed)
 
 
 def test_dynamic_tree_is_a_chain_where_the_drafter_is_sure_and_a_bush_where_it_is_not(target):

@@ -883,7 +883,8 @@ class XPressDrafterModel(XPressPreTrainedModel):
         vocab_ids: torch.LongTensor | None = None,
     ) -> tuple[torch.LongTensor, list[int]]:
         """A draft tree shaped by the drafter's own confidence (EAGLE-2's dynamic tree): the `budget` nodes of highest
-        path probability (the product of the drafter's probabilities along the path from the anchor) over slots 1..S.
+        path probability (the product of the drafter's probabilities along the path from the anchor, each a softmax of
+        its scores divided by `config.tree_temperature`) over slots 1..S.
 
         Candidates grow slot by slot: the `width` nodes of highest path probability at slot k - 1 (the anchor for slot
         1) each get their `width` most probable tokens at slot k, scored with the refiner conditioned on the node's own
@@ -896,13 +897,14 @@ class XPressDrafterModel(XPressPreTrainedModel):
         """
         scorer, num_slots, columns = self._slot_scorer(hidden, base_logits, vocab_ids)
         width = min(int(width), columns)
+        temperature = float(self.config.tree_temperature)
         prefix = lead_tokens.to(base_logits.device)  # frontier nodes' paths, [F, 2 + k - 1] (as in `propose_tree`)
         frontier_score = torch.zeros(1, device=base_logits.device)  # their path log-probabilities
         frontier = [-1]  # their candidate indices (-1: the anchor)
         tokens, parents, scores, depths = [], [], [], []
         for k in range(1, num_slots + 1):
             slot_scores, slot_ids = scorer(prefix, k)
-            top = torch.log_softmax(slot_scores, dim=-1).clamp_max(0.0).topk(width, dim=-1)  # [F, width]
+            top = torch.log_softmax(slot_scores / temperature, dim=-1).clamp_max(0.0).topk(width, dim=-1)  # [F, width]
             path = (frontier_score[:, None] + top.values).reshape(-1)  # [F * width]
             ids = slot_ids[top.indices].reshape(-1)
             first = len(tokens)

@@ -35,6 +35,7 @@
 #   bash scripts/results_smollm2.sh dyn-lookup  # the shipped drafters: chain, dynamic tree of 6 nodes, each tree with lookup first / lookup as a branch; + baselines
 #   bash scripts/results_smollm2.sh dyn-lookup-shape  # with lookup as a branch: dynamic trees of 6 / 8 / 10 nodes (Markov head, xPress)
 #   bash scripts/results_smollm2.sh dyn-lookup-deep  # with lookup as a branch: 16-node trees 6 deep against 6 nodes 4 deep
+#   bash scripts/results_smollm2.sh dyn-temp  # the refiners' dynamic trees at tree_temperature 1 and 1.5
 #   bash scripts/results_smollm2.sh fp32-dyn-lookup  # fp32 exactness of dynamic trees with lookup as a branch (fails on a mismatch)
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
@@ -206,6 +207,20 @@ case "${1:-all}" in
       --early-stop on --shortlist 64 --drafts 4,6 --tree 3,4 --tree-budget 6,16 --with-lookup off,branch \
       --no-native-dflash --temperature 0 --dtype bfloat16 --threads 2 \
       --methods "$(IFS=,; echo "${M[*]}")" --out "results/smollm2-bf16-dyn-lookup-deep${SUFFIX:-}"
+    ;;
+  dyn-temp)
+    # Twenty-first session: the refiners' 6-node dynamic trees 4 deep ranked at tree_temperature 1 and 1.5 (the
+    # shipped value), alone and with lookup as a branch; bf16, greedy, interleaved, 8 prompts per set.
+    drop_caches
+    wait_quiet
+    M=(plain)
+    for m in "markov sl64" "xpress K=2 es sl64"; do
+      M+=("$m n4 tree3b6 t1" "$m n4 tree3b6 t1.5" "$m n4 tree3b6 t1 +pldb" "$m n4 tree3b6 t1.5 +pldb")
+    done
+    hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit "${LIMIT:-8}" --max-new-tokens 96 --passes 2 \
+      --early-stop on --shortlist 64 --drafts 4 --tree 3 --tree-budget 6 --tree-temperature 1,1.5 \
+      --with-lookup off,branch --no-prompt-lookup --no-native-dflash --temperature 0 --dtype bfloat16 --threads 2 \
+      --methods "$(IFS=,; echo "${M[*]}")" --out "results/smollm2-bf16-dyn-temp${SUFFIX:-}"
     ;;
   tree-lookup)
     # Eighteenth session: the shipped chains (threshold 0.2) and trees of 3 slot-1 branches, each also with prompt

@@ -1531,14 +1531,14 @@ def _load_sets(names: Sequence[str], limit: int | None, target, tokenizer, max_n
     return sets
 
 
-def _optional_ints(text: str) -> list[int | None]:
-    """"64,none" -> [64, None] (--shortlist, --drafts)."""
-    return [None if v.strip().lower() == "none" else int(v) for v in text.split(",") if v.strip()]
+def _optional_ints(text: str, kind: type = int) -> list[int | None]:
+    """"64,none" -> [64, None] (--shortlist, --drafts; values of `kind`)."""
+    return [None if v.strip().lower() == "none" else kind(v) for v in text.split(",") if v.strip()]
 
 
 def _optional_floats(text: str) -> list[float | None]:
     """"none,1.5" -> [None, 1.5] (--tree-temperature: positive values)."""
-    values = [None if v.strip().lower() == "none" else float(v) for v in text.split(",") if v.strip()]
+    values = _optional_ints(text, float)
     bad = [v for v in values if v is not None and not 0.0 < v < float("inf")]
     if bad:
         raise ValueError(f"--tree-temperature takes positive numbers or none, got {bad}")

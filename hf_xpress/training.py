@@ -1036,7 +1036,8 @@ def markov_delta(head: XPressMarkovHead, prev: torch.LongTensor, cols: torch.Lon
 
 def refiner_losses(drafter: XPressDrafterModel, hidden: torch.Tensor, base: torch.Tensor, blocks: BlockBatch,
                    weights: torch.Tensor, rounds: int = 3, consistency_weight: float = 0.3,
-                   anchor_weight: float = 0.6, vocab: torch.LongTensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+                   anchor_weight: float = 0.6, vocab: torch.LongTensor | None = None, ce_weight: float = 0.1,
+                   tv_weight: float = 0.9) -> tuple[torch.Tensor, dict[str, float]]:
     """The co-training objective for the drafter's refiner (spec section 6). hidden `[N, B, H]`, base `[N, S, V']`
     for the labelled slots 1..S (S = B-1, or fewer: `TrainConfig.loss_slots`; the refiner is causal, so a prefix of
     the block is exact), V' = len(vocab) when a training vocabulary `vocab` of token ids is given, else V.
@@ -1044,23 +1045,28 @@ def refiner_losses(drafter: XPressDrafterModel, hidden: torch.Tensor, base: torc
     xPress: `L(s + delta(teacher tokens)) + 0.3 * mean_r L(s + delta(argmax of round r-1)) + 0.6 * L(s)`, round 0
     seeded with `argmax(s)`; tokens fed back are argmaxes (no gradient flows between rounds).
     Markov: `L(s + w2 w1[teacher token at k-1]) + 0.6 * L(s)`. No refiner: dFlash CE.
+    `L = ce_weight * CE + tv_weight * TV(q, p_target)` (the spec's 0.1 / 0.9 by default).
     """
     p, y, v = blocks.p_target, blocks.labels, blocks.valid
     S = y.shape[1]
     weights = weights[:S]
+
+    def L(logits: torch.Tensor) -> torch.Tensor:
+        return mixed_loss(logits, p, y, v, weights, ce_weight, tv_weight)
+
     refiner = active_module(drafter.refiner)
     if refiner is None:
         loss = dflash_loss(base, y, v, weights)
         return loss, {"dflash": loss.item()}
-    anchor = mixed_loss(base, p, y, v, weights)
+    anchor = L(base)
     if isinstance(refiner, XPressMarkovHead):
         prev = torch.cat([blocks.anchor_prev[:, 1:], blocks.gold[:, :-1]], dim=1)  # [N, S]
-        tf = mixed_loss(base + markov_delta(refiner, prev, vocab), p, y, v, weights)
+        tf = L(base + markov_delta(refiner, prev, vocab))
         return tf + anchor_weight * anchor, {"tf": tf.item(), "anchor": anchor.item()}
     hidden_part = refiner.hidden_part(hidden)[:, : S + 1]  # the pooled part still averages the whole block
     teacher_prev = torch.cat([blocks.anchor_prev, blocks.gold[:, :-1]], dim=1)  # [N, S + 1]
     w2 = refiner.w2.weight if vocab is None else refiner.w2.weight[vocab]  # gathered once for all four passes
-    tf = mixed_loss(base + refiner_delta(refiner, hidden_part, teacher_prev, vocab, w2), p, y, v, weights)
+    tf = L(base + refiner_delta(refiner, hidden_part, teacher_prev, vocab, w2))
     to_ids = (lambda i: i) if vocab is None else (lambda i: vocab[i])
     # argmax of float32 scores: on a CPU faster than a bfloat16 argmax over the vocabulary even with the conversion (a
     # hand-run profile); the consistency rounds' logits are converted once for their loss and argmax.
@@ -1069,7 +1075,7 @@ def refiner_losses(drafter: XPressDrafterModel, hidden: torch.Tensor, base: torc
     for _ in range(rounds):
         prev = torch.cat([blocks.anchor_prev, tokens[:, :-1]], dim=1)
         logits = (base + refiner_delta(refiner, hidden_part, prev, vocab, w2)).float()
-        consistency.append(mixed_loss(logits, p, y, v, weights))
+        consistency.append(L(logits))
         tokens = to_ids(logits.detach().argmax(-1))
     cons = torch.stack(consistency).mean()
     loss = tf + consistency_weight * cons + anchor_weight * anchor
@@ -1389,6 +1395,8 @@ class TrainConfig:
     train_vocab: int = 0  # >0: losses over the K most frequent target labels of the training split (CPU budget)
     loss_slots: int | None = None  # losses on slots 1..S of each block only (default all B-1; the blocks keep B tokens)
     gamma: float = 7.0
+    ce_weight: float = 0.1  # the refiner objective's L = ce_weight * CE + tv_weight * TV (the spec's 0.1 / 0.9;
+    tv_weight: float = 0.9  # a dFlash-only drafter trains on CE alone)
     anchors_per_seq: int = 16
     batch_size: int = 4  # sequences per micro-batch (per process)
     grad_accum: int = 1
@@ -1434,6 +1442,8 @@ class Trainer:
         self.embed = self.target.get_input_embeddings()
         self.lm_head = self.target.get_output_embeddings()
         self.data = Dataset.load(cfg.data)
+        if min(cfg.ce_weight, cfg.tv_weight) < 0 or cfg.ce_weight + cfg.tv_weight <= 0:
+            raise ValueError(f"ce_weight and tv_weight must be >= 0 and not both 0, got {cfg.ce_weight} / {cfg.tv_weight}")
         if cfg.max_sequences is not None and cfg.max_sequences < 1:
             raise ValueError(f"max_sequences must be a positive number of sequences, got {cfg.max_sequences}")
         # A prefix of the labelled set: a data-volume ablation, or what a partly rebuilt feature cache covers.
@@ -1590,7 +1600,8 @@ class Trainer:
                              self.vocab, slots=self.cfg.loss_slots)
         with self.accel.autocast():
             hidden, base = drafter_outputs(self.drafter, self.lm_head, packed, self.vocab)
-            loss, parts = refiner_losses(self._refiner_owner(), hidden, base, packed.blocks, self.weights, vocab=self.vocab)
+            loss, parts = refiner_losses(self._refiner_owner(), hidden, base, packed.blocks, self.weights, vocab=self.vocab,
+                                         ce_weight=self.cfg.ce_weight, tv_weight=self.cfg.tv_weight)
         return loss, parts, packed
 
     def _refiner_owner(self) -> Any:
@@ -1648,7 +1659,8 @@ class Trainer:
             packed = pack_blocks(model, self.embed, self.lm_head, seqs, feats, finals, self.cfg.eval_anchors, generator,
                                  self.vocab, slots=self.cfg.loss_slots)  # the training objective
             hidden, base = drafter_outputs(model, self.lm_head, packed, self.vocab)
-            loss, _ = refiner_losses(model, hidden, base, packed.blocks, self.weights, vocab=self.vocab)
+            loss, _ = refiner_losses(model, hidden, base, packed.blocks, self.weights, vocab=self.vocab,
+                                     ce_weight=self.cfg.ce_weight, tv_weight=self.cfg.tv_weight)
             losses.append(loss.item())
             generator.set_state(state)  # the same anchors, full vocabulary
             packed = pack_blocks(model, self.embed, self.lm_head, seqs, feats, finals, self.cfg.eval_anchors, generator,
@@ -1806,7 +1818,7 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                  "seed", "heldout_every", "heldout_seqs", "eval_every", "save_every", "threads", "mask_token_id",
                  "stop_after_steps", "intermediate_size", "max_sequences", "loss_slots"):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=int, default=getattr(d, name))
-    for name in ("gamma", "lr", "weight_decay", "warmup", "clip", "max_seconds"):
+    for name in ("gamma", "ce_weight", "tv_weight", "lr", "weight_decay", "warmup", "clip", "max_seconds"):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=float, default=getattr(d, name))
     p.add_argument("--layer-ids", dest="layer_ids", default=None, help="comma-separated target layers")
     p.add_argument("--mixed-precision", dest="mixed_precision", default=d.mixed_precision, choices=["no", "bf16"])
@@ -1820,18 +1832,27 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
 # ====================================================================================================================
 
 
+def _tau_prompts(name: str, limit: int, skip: int) -> list:
+    """Each set's prompts `skip + 1 .. skip + limit` (`skip` > 0: a development split apart from the reported ones)."""
+    from .assets import load_prompts
+
+    if skip < 0:
+        raise ValueError(f"skip must be >= 0 (prompts left out at the start of each set), got {skip}")
+    return load_prompts(name, skip + limit)[skip:]
+
+
 @torch.no_grad()
 def greedy_reference(target: Any, tokenizer: Any, sets: list[str], limit: int, max_new_tokens: int = 128,
                      skip: int = 0) -> dict:
     """Plain greedy `generate` outputs `{set: {prompt id: new token ids}}` (the losslessness reference) for the
     prompts `measure_tau` reads with the same `limit` and `skip`."""
-    from .assets import apply_chat_template, load_prompts
+    from .assets import apply_chat_template
 
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None)
     out: dict[str, dict[str, list[int]]] = {}
     for name in sets:
         out[name] = {}
-        for record in load_prompts(name, skip + limit)[skip:]:
+        for record in _tau_prompts(name, limit, skip):
             ids = torch.tensor([apply_chat_template(tokenizer, record)])
             out[name][record.id] = target.generate(ids, **kwargs)[0, ids.shape[1] :].tolist()
         print(f"[tau] greedy reference for {name}: {len(out[name])} prompts", flush=True)
@@ -1852,7 +1873,7 @@ def measure_tau(target: Any, tokenizer: Any, drafter: XPressDrafterModel, sets: 
     method's (lookup rounds included), not the drafter's alone."""
     import hf_xpress  # noqa: F401  (installs the candidate generator)
 
-    from .assets import apply_chat_template, load_prompts
+    from .assets import apply_chat_template
 
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None)
     speculative = kwargs | ({"prompt_lookup_num_tokens": int(lookup)} if lookup else {})
@@ -1861,7 +1882,7 @@ def measure_tau(target: Any, tokenizer: Any, drafter: XPressDrafterModel, sets: 
         accepted, rounds, per_prompt, identical, new_tokens = 0, 0, [], 0, 0
         slot_hits = [0] * (drafter.config.block_size - 1)
         start = time.time()
-        for record in load_prompts(name, skip + limit)[skip:]:
+        for record in _tau_prompts(name, limit, skip):
             ids = torch.tensor([apply_chat_template(tokenizer, record)])
             if reference is not None and record.id in reference.get(name, {}):
                 plain = reference[name][record.id]
@@ -2085,7 +2106,7 @@ Trained with `hf-xpress train` (see `scripts/` and `docs/training.md` in the hf-
   position).{extended} Every {cfg['heldout_every']}th sequence held out ({min(cfg['heldout_seqs'], len(heldout))} used for evaluation).
 - **Drafter**: {cfg['layers']} layers, target layers {cfg['layer_ids']}, block {cfg['block_size']}, refiner
   `{refiner}` (rank {cfg['refiner_rank']}); {_count_parameters(out) / 1e6:.2f}M parameters stored as bf16 safetensors.
-- **Objective**: {'dFlash CE against the target argmax' if refiner is None else ('teacher-forced + 0.6 x drafter-anchor' if refiner == 'markov' else 'teacher-forced + 0.3 x mean of 3 free-running Jacobi rounds + 0.6 x drafter-anchor')}{'' if refiner is None else ', each 0.1 x CE + 0.9 x TV(q, p_target)'}, slot weights exp(-(k-1)/{cfg['gamma']}).
+- **Objective**: {'dFlash CE against the target argmax' if refiner is None else ('teacher-forced + 0.6 x drafter-anchor' if refiner == 'markov' else 'teacher-forced + 0.3 x mean of 3 free-running Jacobi rounds + 0.6 x drafter-anchor')}{'' if refiner is None else f", each {cfg.get('ce_weight', 0.1)} x CE + {cfg.get('tv_weight', 0.9)} x TV(q, p_target)"}, slot weights exp(-(k-1)/{cfg['gamma']}).
   Losses over the {cfg['train_vocab'] or 'full'} most frequent target labels of the training split (training vocabulary; the
   refiner's output rows for other tokens are zero). Inference uses the full vocabulary (`refiner_shortlist`, if set
   below, only limits the refiner's correction to the drafter's top candidates).

@@ -7,6 +7,7 @@ import json
 import math
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -248,6 +249,42 @@ def test_loss_on_the_first_slots_equals_the_whole_block_loss_weighted_there_only
     assert not torch.allclose(T.refiner_losses(drafter, hidden, base, blocks, weights)[0], whole)
 
 
+@pytest.mark.parametrize("refiner", ["xpress", "markov"])
+def test_refiner_loss_weights_mix_ce_and_tv(refiner):
+    """`ce_weight` / `tv_weight` set every term's mix: the objective is linear in them (CE alone plus TV alone equals
+    the spec's 0.1 / 0.9 mix weighted the same way), and the drafter-anchor term at CE alone is the dFlash loss."""
+    target = tiny_llama()
+    drafter = XPressDrafterModel.from_target(target, refiner=refiner, num_hidden_layers=1, mask_token_id=V - 1,
+                                             refiner_rank=8, block_size=5)
+    with torch.no_grad():
+        for p in drafter.refiner.parameters():
+            p.normal_(0, 0.5)
+    N, B = 4, 5
+    torch.manual_seed(2)
+    hidden, base = torch.randn(N, B, 64), torch.randn(N, B - 1, V) * 2
+    blocks = T.BlockBatch(torch.randint(0, V, (N, 2)), torch.randint(0, V, (N, B - 1)), torch.randint(0, V, (N, B - 1)),
+                          torch.softmax(torch.randn(N, B - 1, V), -1), torch.rand(N, B - 1) > 0.2)
+    w = T.position_weights(B - 1, 7.0)
+    spec, _ = T.refiner_losses(drafter, hidden, base, blocks, w)
+    ce, ce_parts = T.refiner_losses(drafter, hidden, base, blocks, w, ce_weight=1.0, tv_weight=0.0)
+    tv, _ = T.refiner_losses(drafter, hidden, base, blocks, w, ce_weight=0.0, tv_weight=1.0)
+    torch.testing.assert_close(spec, 0.1 * ce + 0.9 * tv)
+    assert not torch.allclose(ce, tv)
+    assert ce_parts["anchor"] == pytest.approx(T.dflash_loss(base, blocks.labels, blocks.valid, w).item(), rel=1e-5)
+
+
+def test_trainer_takes_the_loss_weights_and_rejects_bad_ones(tmp_path):
+    target, data, parser = _tiny_training_setup(tmp_path)
+    args = parser.parse_args(["--ce-weight", "1", "--tv-weight", "0"])
+    assert (args.ce_weight, args.tv_weight) == (1.0, 0.0)
+    assert (parser.parse_args([]).ce_weight, parser.parse_args([]).tv_weight) == (0.1, 0.9)
+    trainer = T.Trainer(_cfg(data, tmp_path / "run", ce_weight=1.0, tv_weight=0.0), target=target)
+    assert math.isfinite(trainer.train_step()["loss"])
+    for ce, tv in ((-0.1, 0.9), (0.0, 0.0)):
+        with pytest.raises(ValueError, match="ce_weight and tv_weight must be >= 0 and not both 0"):
+            T.Trainer(_cfg(data, tmp_path / "bad", ce_weight=ce, tv_weight=tv), target=target)
+
+
 def test_packed_blocks_label_only_the_first_slots():
     target = tiny_llama()
     drafter = XPressDrafterModel.from_target(target, refiner=None, num_hidden_layers=2, mask_token_id=V - 1)
@@ -269,6 +306,16 @@ def test_packed_blocks_label_only_the_first_slots():
 
 
 # ---- trainer --------------------------------------------------------------------------------------------------------
+
+
+def _tiny_training_setup(tmp_path: Path) -> tuple[Any, Path, argparse.ArgumentParser]:
+    """A tiny target, a 12-sequence dataset for it and the `train` argument parser."""
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target, num_seqs=12)
+    parser = argparse.ArgumentParser()
+    T._train_arguments(parser)
+    return target, data, parser
 
 
 def _cfg(data: Path, out: Path, **kw) -> T.TrainConfig:
@@ -298,11 +345,7 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
 
 
 def test_trainer_can_train_the_first_slots_only(tmp_path):
-    target = tiny_llama()
-    data = tmp_path / "data"
-    make_dataset(data, target, num_seqs=12)
-    parser = argparse.ArgumentParser()
-    T._train_arguments(parser)
+    target, data, parser = _tiny_training_setup(tmp_path)
     assert parser.parse_args(["--loss-slots", "2"]).loss_slots == 2 and parser.parse_args([]).loss_slots is None
     trainer = T.Trainer(_cfg(data, tmp_path / "run", loss_slots=2), target=target)
     first = trainer.train_step()["loss"]
@@ -829,6 +872,10 @@ def test_measure_tau_is_lossless_and_pools_rounds(monkeypatch):
     assert res["prompts"] == 2 and res["identical_to_greedy"] == 2
     rounds = sum(p["rounds"] for p in res["per_prompt"])
     assert res["tau"] == pytest.approx(sum(p["accepted"] for p in res["per_prompt"]) / rounds + 1)
+    skipped = T.measure_tau(target, None, drafter, ["fake"], 1, max_new_tokens=12, reference=reference, skip=1)
+    assert [p["id"] for p in skipped["fake"]["per_prompt"]] == ["p1"]  # the development split: after the first
+    with pytest.raises(ValueError, match="skip must be >= 0"):
+        T.greedy_reference(target, None, ["fake"], 2, max_new_tokens=12, skip=-1)
 
     # a dynamic tree with prompt lookup as a branch: still lossless, and lookup's branch is in the rounds
     monkeypatch.setattr(assets, "apply_chat_template", lambda tok, rec: [5, 9, 17, 5, 9, 17, 5, 9])

@@ -564,3 +564,39 @@ def test_a_sliding_window_target_is_refused_with_the_reason():
 
 def test_package_exports_tree_decoding():
     assert hf_xpress.tree_decoding is tree_decoding
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_dynamic_tree_with_a_shortlist_keeps_the_whole_vocabularys_probability_mass(target, temperature):
+    """With `refiner_shortlist` = M the refiner re-scores each slot's M best drafter tokens and the others keep the
+    drafter's scores: a path's probability is still a softmax over the whole vocabulary (not renormalised over the M),
+    so the tree is the `budget` most probable shortlisted paths under that distribution (brute force over all of
+    them; width = M makes every shortlisted path a candidate)."""
+    M = 8
+    drafter = tiny_drafter(target, "xpress", tree_temperature=temperature, refiner_shortlist=M)
+    torch.manual_seed(0)
+    hidden, base, lead = torch.randn(1, 16, 64), torch.randn(1, 2, 128), [4, 9]
+    tokens, parents = drafter.propose_dynamic_tree(hidden, base, torch.tensor([lead]), budget=12, width=M)
+    paths = []
+    for i in range(len(tokens)):
+        paths.append((*(paths[parents[i]] if parents[i] >= 0 else ()), int(tokens[i])))
+    short = [base[0, k].topk(M).indices for k in range(2)]
+
+    def log_probs(k: int, prev: list[int], renormalised: bool) -> torch.Tensor:  # slot k + 1's, over all 128 tokens
+        delta = drafter.refiner(hidden, torch.tensor([prev + [0] * (16 - len(prev))]))[0, k]
+        scores = base[0, k] if not renormalised else torch.full_like(base[0, k], float("-inf"))
+        scores = scores.clone()
+        scores[short[k]] = base[0, k, short[k]] + delta[short[k]]
+        return torch.log_softmax(scores / temperature, -1)
+
+    def best_paths(renormalised: bool) -> set:
+        slot1 = log_probs(0, lead, renormalised)
+        score = {(a,): float(slot1[a]) for a in short[0].tolist()}
+        for a in short[0].tolist():
+            slot2 = log_probs(1, lead + [a], renormalised)
+            score.update({(a, b): float(slot1[a] + slot2[b]) for b in short[1].tolist()})
+        return set(sorted(score, key=lambda p: (-score[p], len(p)))[:12])
+
+    assert set(paths) == best_paths(False)
+    assert best_paths(True) != best_paths(False)  # the shortlist's renormalised softmax would pick another tree

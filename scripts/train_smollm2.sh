@@ -475,7 +475,8 @@ PY
     # LOOKUP=N (twentieth session): prompt lookup's N drafts join each tree as a branch (tag ...l<N>).
     # TEMP=T (twenty-first session): the tree ranks its nodes with the drafter's scores divided by T (tree_temperature;
     # tag ...t<T>). DEV=1: on the development split instead (each set's prompts 25-40, never reported; tag dev-...).
-    tag="dyn${TREE:-3}b${BUDGET:-8}d${DEPTH:-4}${LOOKUP:+l$LOOKUP}${TEMP:+t$TEMP}"
+    # TAG=S appends S to the tag (a measurement of changed code, next to the earlier files).
+    tag="dyn${TREE:-3}b${BUDGET:-8}d${DEPTH:-4}${LOOKUP:+l$LOOKUP}${TEMP:+t$TEMP}${TAG:-}"
     ref=$REF24 split=(--limit "${LIMIT:-24}")
     if [ -n "${DEV:-}" ]; then
       ref=results/training/greedy-reference-dev16.json split=(--skip 24 --limit 16) tag="dev-$tag"
@@ -489,6 +490,34 @@ PY
         ${TEMP:+--set "tree_temperature=$TEMP"} --out "results/training/tau-$refiner-11-$tag.json" &
     done
     wait
+    ;;
+  ce-ab)
+    # Twenty-second session: are the refiners' scores over-confident because of the TV term? (tree_temperature 1.5
+    # helped both refiners, 1.0 was best for the CE-trained dFlash drafter; CE against the target's argmax is a proper
+    # score for "this draft is accepted", TV against p_target is not.) The eleventh run's xPress folder continues
+    # CE_STEPS (900) steps on mix7 with the eleventh run's recipe (slots 1..2, 8 sequences, lr 3e-4), side by side,
+    # 1 thread each: the spec's 0.1 x CE + 0.9 x TV (control) against CE alone (--ce-weight 1 --tv-weight 0).
+    eleventh=$(folders_at "$ELEVENTH_RUN")
+    for arm in "0.1 0.9" "1 0"; do
+      set -- $arm
+      REFINERS=xpress CONTINUE_STEPS=${CE_STEPS:-900} continue_shipped "-ce$1" data/smollm2-mix7 "$MIX7_CACHE" \
+        "$eleventh" --loss-slots 2 --batch-size 8 --lr 3e-4 --eval-every 300 --ce-weight "$1" --tv-weight "$2" &
+    done
+    wait
+    ;;
+  tau-ce-ab)
+    # ce-ab's two arms on the development split (prompts 25-40 of each set), 6-node dynamic trees 4 deep (what the
+    # tree_temperature comparison used), at tree_temperature T (TEMPS, default "1.0 1.5"), the two arms side by side.
+    ref=results/training/greedy-reference-dev16.json
+    for t in ${TEMPS:-1.0 1.5}; do
+      for arm in 0.1 1; do
+        python -m hf_xpress.training tau --drafter "runs/smollm2-xpress-ce$arm/final" --reference "$ref" \
+          --sets humaneval,mtbench,math500 --skip 24 --limit 16 --threads 1 --tree 3 --tree-budget 6 \
+          --set num_assistant_tokens=4 --set "tree_temperature=$t" \
+          --out "results/training/tau-xpress-ce$arm-dev-dyn3b6d4t$t.json" &
+      done
+      wait
+    done
     ;;
   grow-probe)
     # Capacity probe before a ninth run: the eighth run's dFlash drafter continues PROBE_STEPS (600) steps on mix7 as it

@@ -861,7 +861,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
         (row 0 is the chain's greedy proposal when the refiner's passes cover the S slots). The refiner is read once per
         slot for all branches, teacher-forced on each branch's tokens, so no Jacobi passes are needed.
         """
-        scorer, num_slots, columns, _ = self._slot_scorer(hidden, base_logits, vocab_ids)
+        scorer, num_slots, columns = self._slot_scorer(hidden, base_logits, vocab_ids)
         width = min(int(width), columns)
         # prefix: [token before the anchor, anchor, slot 1, ..., slot S] per branch; prefix[:, k] precedes slot k.
         prefix = lead_tokens.to(base_logits.device).expand(width, 2)
@@ -884,8 +884,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
     ) -> tuple[torch.LongTensor, list[int]]:
         """A draft tree shaped by the drafter's own confidence (EAGLE-2's dynamic tree): the `budget` nodes of highest
         path probability (the product of the drafter's probabilities along the path from the anchor, each a softmax of
-        its scores divided by `config.tree_temperature`; with `refiner_shortlist` the softmax is still over the whole
-        draft vocabulary, the tokens outside the shortlist at the drafter's own scores) over slots 1..S.
+        its scores divided by `config.tree_temperature`) over slots 1..S.
 
         Candidates grow slot by slot: the `width` nodes of highest path probability at slot k - 1 (the anchor for slot
         1) each get their `width` most probable tokens at slot k, scored with the refiner conditioned on the node's own
@@ -896,23 +895,16 @@ class XPressDrafterModel(XPressPreTrainedModel):
         hidden, base_logits, lead_tokens as in `propose_tree`. Returns (token ids `[N]`, parents): node i's parent is
         node `parents[i]` (-1: the anchor), and parents come before their children.
         """
-        scorer, num_slots, columns, rest = self._slot_scorer(hidden, base_logits, vocab_ids)
+        scorer, num_slots, columns = self._slot_scorer(hidden, base_logits, vocab_ids)
         width = min(int(width), columns)
         temperature = float(self.config.tree_temperature)
-        # With a shortlist the refiner re-scores M columns; the other tokens keep the drafter's scores and their
-        # probability mass (log, [S]) stays in each slot's softmax, as in the distribution the refiner was trained on.
-        outside = None if rest is None else (rest / temperature).logsumexp(-1)
         prefix = lead_tokens.to(base_logits.device)  # frontier nodes' paths, [F, 2 + k - 1] (as in `propose_tree`)
         frontier_score = torch.zeros(1, device=base_logits.device)  # their path log-probabilities
         frontier = [-1]  # their candidate indices (-1: the anchor)
         tokens, parents, scores, depths = [], [], [], []
         for k in range(1, num_slots + 1):
             slot_scores, slot_ids = scorer(prefix, k)
-            scaled = slot_scores / temperature
-            norm = scaled.logsumexp(-1, keepdim=True)
-            if outside is not None:
-                norm = torch.logaddexp(norm, outside[k - 1])
-            top = (scaled - norm).clamp_max(0.0).topk(width, dim=-1)  # [F, width] log-probabilities
+            top = torch.log_softmax(slot_scores / temperature, dim=-1).clamp_max(0.0).topk(width, dim=-1)  # [F, width]
             path = (frontier_score[:, None] + top.values).reshape(-1)  # [F * width]
             ids = slot_ids[top.indices].reshape(-1)
             first = len(tokens)
@@ -934,15 +926,12 @@ class XPressDrafterModel(XPressPreTrainedModel):
         (the drafter's base scores plus the refiner's bias; prefix `[N, >= k + 1]`: the token before the anchor, the
         anchor, slots 1..), and the token ids of their C columns `[C]`. As for chains, with `config.refiner_shortlist`
         = M the refiner re-scores only the drafter's M best tokens of each slot (C = M), else the whole draft
-        vocabulary (C = V'). Also returns the number of slots S, C, and the drafter's scores of the tokens outside the
-        shortlist `[S, V']` (-inf at the shortlisted columns; None without a shortlist)."""
+        vocabulary (C = V'). Also returns the number of slots S and C."""
         base = base_logits[0].float()  # [S, V']
         shortlist = self.config.refiner_shortlist
-        rest = None
         if shortlist and self.refiner is not None and shortlist < base.shape[-1]:
             columns = top_candidates(base, shortlist)  # [S, M]
             ids = _token_ids(columns, vocab_ids)
-            rest = base.scatter(-1, columns, float("-inf"))
             base, _, reads = _gather_shortlist(base, None, columns, ids, self.refiner.w2.weight)  # reads: [S, M, r]
         else:
             ids = (vocab_ids if vocab_ids is not None else torch.arange(base.shape[-1], device=base.device))
@@ -972,7 +961,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
         def scorer(prefix: torch.LongTensor, k: int) -> tuple[torch.Tensor, torch.LongTensor]:
             return base[k - 1] + bias(prefix, k), ids[k - 1]
 
-        return scorer, base.shape[0], base.shape[-1], rest
+        return scorer, base.shape[0], base.shape[-1]
 
     def _proposal(self, tokens, scores, passes: int, candidates, vocab_ids) -> DraftProposal:
         """A proposal from scores over the columns `vocab_ids` (or the whole vocabulary) or over per-slot shortlists

@@ -568,11 +568,12 @@ def test_package_exports_tree_decoding():
 
 @torch.no_grad()
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
-def test_dynamic_tree_with_a_shortlist_keeps_the_whole_vocabularys_probability_mass(target, temperature):
-    """With `refiner_shortlist` = M the refiner re-scores each slot's M best drafter tokens and the others keep the
-    drafter's scores: a path's probability is still a softmax over the whole vocabulary (not renormalised over the M),
-    so the tree is the `budget` most probable shortlisted paths under that distribution (brute force over all of
-    them; width = M makes every shortlisted path a candidate)."""
+def test_dynamic_tree_with_a_shortlist_ranks_by_the_shortlists_own_softmax(target, temperature):
+    """With `refiner_shortlist` = M the refiner re-scores each slot's M best drafter tokens, and each slot's
+    probabilities are a softmax over those M (renormalised): the tree is the `budget` most probable shortlisted paths
+    under it (brute force over all of them; width = M makes every shortlisted path a candidate). Keeping the rest of
+    the vocabulary's mass at the drafter's own scores instead ranks differently, and measured worse for xPress
+    (docs/benchmarks.md, twenty-second session), so this pins the ranking down."""
     M = 8
     drafter = tiny_drafter(target, "xpress", tree_temperature=temperature, refiner_shortlist=M)
     torch.manual_seed(0)
@@ -598,5 +599,5 @@ def test_dynamic_tree_with_a_shortlist_keeps_the_whole_vocabularys_probability_m
             score.update({(a, b): float(slot1[a] + slot2[b]) for b in short[1].tolist()})
         return set(sorted(score, key=lambda p: (-score[p], len(p)))[:12])
 
-    assert set(paths) == best_paths(False)
-    assert best_paths(True) != best_paths(False)  # the shortlist's renormalised softmax would pick another tree
+    assert set(paths) == best_paths(True)
+    assert best_paths(False) != best_paths(True)  # the whole vocabulary's mass would pick another tree

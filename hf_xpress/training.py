@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_xpress import INFERENCE_SETTINGS, XPressDrafterConfig
-from .modeling_xpress import XPressDrafterModel, XPressMarkovHead, XPressRefiner
+from .modeling_xpress import XPressDrafterModel, XPressMarkovHead, XPressRefiner, top_candidates
 
 # ====================================================================================================================
 # 1. Data
@@ -1140,6 +1140,29 @@ def acceptance_estimate(correct: torch.Tensor, valid: torch.Tensor) -> dict[str,
             "blocks": n1, "acc1_se": math.sqrt(acc[0] * (1 - acc[0]) / max(n1, 1))}
 
 
+def calibration_estimate(base: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, shortlist: int | None,
+                         temperature: float = 1.0) -> dict[str, float]:
+    """Calibration of draft scores `[N, V']` against label columns `labels` `[N]` (-1: none of the columns): top-1
+    accuracy, mean confidence (the top token's probability, a softmax of scores / `temperature`), expected calibration
+    error over 10 equal-width confidence bins (confidence above accuracy: over-confident) and top-3 accuracy. With a
+    `shortlist` M the softmax is over the M best columns of the drafter's own scores `base` `[N, V']` only (what a
+    dynamic tree with `refiner_shortlist` ranks by)."""
+    if shortlist and shortlist < scores.shape[-1]:  # the tree's softmax over the refiner's M candidates
+        keep = top_candidates(base, shortlist)
+        scores = torch.full_like(scores, float("-inf")).scatter_(-1, keep, scores.gather(-1, keep))
+    logp = torch.log_softmax(scores / temperature, dim=-1)
+    conf, top = logp.max(-1)
+    conf = conf.exp()
+    hit = (top == labels).float()
+    bins = torch.clamp((conf * 10).long(), max=9)
+    ece = sum((bins == b).sum().item() / len(conf) * abs(hit[bins == b].mean().item() - conf[bins == b].mean().item())
+              for b in range(10) if (bins == b).any())
+    best = logp.topk(min(3, logp.shape[-1]), dim=-1)
+    top3 = ((best.indices == labels[:, None]) & best.values.isfinite()).any(-1).float()  # not outside a shortlist
+    return {"blocks": len(conf), "acc1": hit.mean().item(), "confidence": conf.mean().item(), "ece": ece,
+            "top3": top3.mean().item()}
+
+
 # ====================================================================================================================
 # 3. Packed blocks
 # ====================================================================================================================
@@ -1418,6 +1441,25 @@ class TrainConfig:
     stop_after_steps: int | None = None  # checkpoint and exit at this step, as on SIGTERM (tests)
 
 
+@torch.no_grad()
+def sequences_with_features(data: Dataset, idx: list[int], target: Any | None = None,
+                            layer_ids: list[int] | None = None) -> list | tuple[list, list, list]:
+    """Labelled sequences `idx` of `data` as `(tokens [L], labels [L], prompt_len)`; with a `target`, also their
+    context features `[L, n*H]` at `layer_ids` and final hidden states `[L, H]` from one batched target forward
+    (right-padded: causal attention keeps the padding out of every real position): `(seqs, feats, finals)`."""
+    seqs = []
+    for i in idx:
+        tok, lab, p = data.sequence(i)
+        seqs.append((torch.from_numpy(tok.astype(np.int64)), torch.from_numpy(lab.astype(np.int64)), p))
+    if target is None:
+        return seqs
+    ids = torch.zeros(len(seqs), max(len(t) for t, _, _ in seqs), dtype=torch.long)
+    for r, (t, _, _) in enumerate(seqs):
+        ids[r, : len(t)] = t
+    f, fin = target_features(target, ids.to(target.device), layer_ids)
+    return seqs, [f[r, : len(t)] for r, (t, _, _) in enumerate(seqs)], [fin[r, : len(t)] for r, (t, _, _) in enumerate(seqs)]
+
+
 class Trainer:
     """Co-trains a drafter and its refiner; see the module docstring. `run()` trains to `max_steps` or until
     stopped, checkpointing to `out/checkpoint` and resuming from it."""
@@ -1558,26 +1600,14 @@ class Trainer:
 
     def _features(self, idx: list[int]) -> tuple[list, list, list]:
         """Sequences `idx` as torch tensors, with their context features `[L, n*H]` and final hidden `[L, H]`."""
-        seqs, feats, finals = [], [], []
-        for i in idx:
-            tok, lab, p = self.data.sequence(i)
-            seqs.append((torch.from_numpy(tok.astype(np.int64)), torch.from_numpy(lab.astype(np.int64)), p))
+        if self.cache is None:
+            return sequences_with_features(self.data, idx, self.target, self.drafter_config.target_layer_ids)
+        seqs, feats, finals = sequences_with_features(self.data, idx), [], []
         n_ctx = len(self.drafter_config.target_layer_ids) * self.drafter_config.hidden_size
-        if self.cache is not None:
-            for i in idx:
-                f = self.cache.read(int(self.data.offsets[i]), int(self.data.offsets[i + 1]))
-                feats.append(f[:, :n_ctx])
-                finals.append(f[:, n_ctx:])
-            return seqs, feats, finals
-        with torch.no_grad():
-            width = max(len(t) for t, _, _ in seqs)
-            ids = torch.zeros(len(seqs), width, dtype=torch.long)
-            for r, (t, _, _) in enumerate(seqs):
-                ids[r, : len(t)] = t
-            f, fin = target_features(self.target, ids.to(self.accel.device), self.drafter_config.target_layer_ids)
-        for r, (t, _, _) in enumerate(seqs):
-            feats.append(f[r, : len(t)])
-            finals.append(fin[r, : len(t)])
+        for i in idx:
+            f = self.cache.read(int(self.data.offsets[i]), int(self.data.offsets[i + 1]))
+            feats.append(f[:, :n_ctx])
+            finals.append(f[:, n_ctx:])
         return seqs, feats, finals
 
     def _next_indices(self) -> list[int]:

@@ -113,6 +113,25 @@ def test_acceptance_estimate():
 # ---- packed blocks --------------------------------------------------------------------------------------------------
 
 
+def test_calibration_estimate_by_hand():
+    """Two confident rows (p = 0.9: one right, one wrong) and two unsure ones (p = 0.3: one right, one whose label is
+    not in the top 3): accuracy 0.5, confidence 0.6, ECE = 0.5 * |0.5 - 0.9| + 0.5 * |0.5 - 0.3| = 0.3, top-3 0.75."""
+    sure, unsure = [0.9, 0.04, 0.03, 0.02, 0.01], [0.3, 0.25, 0.2, 0.15, 0.1]
+    scores = torch.tensor([sure, sure, unsure, unsure]).log()
+    labels = torch.tensor([0, 1, 0, 4])
+    est = T.calibration_estimate(scores, scores, labels, None)
+    assert est["blocks"] == 4 and est["acc1"] == 0.5 and est["top3"] == 0.75
+    assert est["confidence"] == pytest.approx(0.6) and est["ece"] == pytest.approx(0.3)
+    assert T.calibration_estimate(scores, scores, labels, None, temperature=2.0)["confidence"] < 0.6  # flatter
+    # a shortlist of 2 renormalises over the drafter's 2 best tokens (here `base` = scores)
+    short = T.calibration_estimate(scores, scores, labels, 2)
+    assert short["confidence"] == pytest.approx((0.9 / 0.94 + 0.3 / 0.55) / 2, abs=1e-6) and short["top3"] == 0.75
+    assert T.calibration_estimate(scores, scores, torch.tensor([2, 2, 3, 3]), 2)["top3"] == 0.0  # none in the 2
+    # the shortlist is chosen by `base`, the drafter's own scores, not by the refined ones
+    base = torch.tensor([[0.0, 0.0, 5.0, 5.0, 0.0]]).expand(4, -1)
+    assert T.calibration_estimate(base, scores, labels, 2)["acc1"] == 0.0
+
+
 def test_packed_mask_layout():
     mask = T.packed_block_mask([[3, 5]], context_len=8, block_size=2, max_blocks=3)[0, 0]
     assert mask.shape == (6, 8 + 6)

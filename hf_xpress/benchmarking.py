@@ -1531,7 +1531,7 @@ def _load_sets(names: Sequence[str], limit: int | None, target, tokenizer, max_n
     return sets
 
 
-def _optional_ints(text: str, kind: type = int) -> list[int | None]:
+def _optional_ints(text: str, kind: type = int) -> list[int | float | None]:
     """"64,none" -> [64, None] (--shortlist, --drafts; values of `kind`)."""
     return [None if v.strip().lower() == "none" else kind(v) for v in text.split(",") if v.strip()]
 

@@ -1441,18 +1441,21 @@ class TrainConfig:
     stop_after_steps: int | None = None  # checkpoint and exit at this step, as on SIGTERM (tests)
 
 
-@torch.no_grad()
-def sequences_with_features(data: Dataset, idx: list[int], target: Any | None = None,
-                            layer_ids: list[int] | None = None) -> list | tuple[list, list, list]:
-    """Labelled sequences `idx` of `data` as `(tokens [L], labels [L], prompt_len)`; with a `target`, also their
-    context features `[L, n*H]` at `layer_ids` and final hidden states `[L, H]` from one batched target forward
-    (right-padded: causal attention keeps the padding out of every real position): `(seqs, feats, finals)`."""
+def labelled_sequences(data: Dataset, idx: list[int]) -> list[tuple[torch.LongTensor, torch.LongTensor, int]]:
+    """Labelled sequences `idx` of `data` as `(tokens [L], labels [L], prompt_len)`."""
     seqs = []
     for i in idx:
         tok, lab, p = data.sequence(i)
         seqs.append((torch.from_numpy(tok.astype(np.int64)), torch.from_numpy(lab.astype(np.int64)), p))
-    if target is None:
-        return seqs
+    return seqs
+
+
+@torch.no_grad()
+def sequences_with_features(data: Dataset, idx: list[int], target: Any, layer_ids: list[int]) -> tuple[list, list, list]:
+    """`labelled_sequences` with their context features `[L, n*H]` at `layer_ids` and final hidden states `[L, H]`
+    from one batched target forward (right-padded: causal attention keeps the padding out of every real position):
+    `(seqs, feats, finals)`."""
+    seqs = labelled_sequences(data, idx)
     ids = torch.zeros(len(seqs), max(len(t) for t, _, _ in seqs), dtype=torch.long)
     for r, (t, _, _) in enumerate(seqs):
         ids[r, : len(t)] = t
@@ -1602,7 +1605,7 @@ class Trainer:
         """Sequences `idx` as torch tensors, with their context features `[L, n*H]` and final hidden `[L, H]`."""
         if self.cache is None:
             return sequences_with_features(self.data, idx, self.target, self.drafter_config.target_layer_ids)
-        seqs, feats, finals = sequences_with_features(self.data, idx), [], []
+        seqs, feats, finals = labelled_sequences(self.data, idx), [], []
         n_ctx = len(self.drafter_config.target_layer_ids) * self.drafter_config.hidden_size
         for i in idx:
             f = self.cache.read(int(self.data.offsets[i]), int(self.data.offsets[i + 1]))

@@ -23,12 +23,11 @@ import glob
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from hf_xpress import XPressDrafterModel
 from hf_xpress.assets import load_target
-from hf_xpress.training import (Dataset, acceptance_estimate, heldout_drafts, pack_blocks, target_features,
+from hf_xpress.training import (Dataset, acceptance_estimate, heldout_drafts, pack_blocks, sequences_with_features,
                                 training_split)
 
 
@@ -66,19 +65,11 @@ def ablations(drafter: XPressDrafterModel, target, data: Dataset, heldout: list[
         shuffle = torch.Generator().manual_seed(0)
         correct, valid = [], []
         for s in range(0, len(heldout), batch):
-            seqs, feats, finals = [], [], []
-            for i in heldout[s : s + batch]:
-                tok, lab, p = data.sequence(i)
-                t = torch.from_numpy(tok.astype(np.int64))
-                seqs.append((t, torch.from_numpy(lab.astype(np.int64)), p))
-                f, fin = target_features(target, t[None], layer_ids)
-                f = f[0]
-                if mode == "shuffled":
-                    f = f[torch.randperm(len(t), generator=shuffle)]
-                elif mode == "zero":
-                    f = torch.zeros_like(f)
-                feats.append(f)
-                finals.append(fin[0])
+            seqs, feats, finals = sequences_with_features(data, heldout[s : s + batch], target, layer_ids)
+            if mode == "shuffled":
+                feats = [f[torch.randperm(len(f), generator=shuffle)] for f in feats]
+            elif mode == "zero":
+                feats = [torch.zeros_like(f) for f in feats]
             packed = pack_blocks(drafter, embed, lm_head, seqs, feats, finals, anchors, generator, with_p_target=False)
             correct.append(heldout_drafts(drafter, lm_head, packed, drafter.draft_vocab))
             valid.append(packed.blocks.valid)

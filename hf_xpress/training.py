@@ -1020,24 +1020,29 @@ def active_module(module: Any) -> Any:
 
 
 def refiner_delta(refiner: XPressRefiner, hidden_part: torch.Tensor, prev: torch.LongTensor,
-                  cols: torch.LongTensor | None = None, w2: torch.Tensor | None = None) -> torch.Tensor:
+                  cols: torch.LongTensor | None = None, w2: torch.Tensor | None = None,
+                  dropout: float = 0.0) -> torch.Tensor:
     """`refiner.delta(hidden_part, prev)` `[N, B-1, V]`, or only its columns `cols` `[N, B-1, K]` (the read-out of
-    `XPressRefiner.features`, restricted to the rows of `w2` a training vocabulary keeps)."""
-    x = refiner.features(hidden_part, prev)  # Fuse, Mix, Trans: [N, B-1, r]
+    `XPressRefiner.features`, restricted to the rows of `w2` a training vocabulary keeps). `dropout`: on the r-dim
+    features before the read-out, while the refiner is in training mode (a training regulariser)."""
+    x = F.dropout(refiner.features(hidden_part, prev), dropout, refiner.training)  # Fuse, Mix, Trans: [N, B-1, r]
     if w2 is None:  # `w2`: the rows `cols` of `refiner.w2.weight`, when the caller already gathered them
         w2 = refiner.w2.weight if cols is None else refiner.w2.weight[cols]
     return F.linear(x, w2)
 
 
-def markov_delta(head: XPressMarkovHead, prev: torch.LongTensor, cols: torch.LongTensor | None = None) -> torch.Tensor:
-    """The Markov head's bias `[N, n, V]` (or columns `cols`: `[N, n, K]`) for tokens `prev` `[N, n]`."""
-    return head(prev) if cols is None else F.linear(head.w1(prev), head.w2.weight[cols])
+def markov_delta(head: XPressMarkovHead, prev: torch.LongTensor, cols: torch.LongTensor | None = None,
+                 dropout: float = 0.0) -> torch.Tensor:
+    """The Markov head's bias `[N, n, V]` (or columns `cols`: `[N, n, K]`) for tokens `prev` `[N, n]`. `dropout`: on
+    the r-dim token embedding before the read-out, while the head is in training mode."""
+    x = F.dropout(head.w1(prev), dropout, head.training)
+    return F.linear(x, head.w2.weight if cols is None else head.w2.weight[cols])
 
 
 def refiner_losses(drafter: XPressDrafterModel, hidden: torch.Tensor, base: torch.Tensor, blocks: BlockBatch,
                    weights: torch.Tensor, rounds: int = 3, consistency_weight: float = 0.3,
                    anchor_weight: float = 0.6, vocab: torch.LongTensor | None = None, ce_weight: float = 0.1,
-                   tv_weight: float = 0.9) -> tuple[torch.Tensor, dict[str, float]]:
+                   tv_weight: float = 0.9, dropout: float = 0.0) -> tuple[torch.Tensor, dict[str, float]]:
     """The co-training objective for the drafter's refiner (spec section 6). hidden `[N, B, H]`, base `[N, S, V']`
     for the labelled slots 1..S (S = B-1, or fewer: `TrainConfig.loss_slots`; the refiner is causal, so a prefix of
     the block is exact), V' = len(vocab) when a training vocabulary `vocab` of token ids is given, else V.
@@ -1045,7 +1050,8 @@ def refiner_losses(drafter: XPressDrafterModel, hidden: torch.Tensor, base: torc
     xPress: `L(s + delta(teacher tokens)) + 0.3 * mean_r L(s + delta(argmax of round r-1)) + 0.6 * L(s)`, round 0
     seeded with `argmax(s)`; tokens fed back are argmaxes (no gradient flows between rounds).
     Markov: `L(s + w2 w1[teacher token at k-1]) + 0.6 * L(s)`. No refiner: dFlash CE.
-    `L = ce_weight * CE + tv_weight * TV(q, p_target)` (the spec's 0.1 / 0.9 by default).
+    `L = ce_weight * CE + tv_weight * TV(q, p_target)` (the spec's 0.1 / 0.9 by default). `dropout`: on the refiner's
+    features before its read-out, in training mode (`refiner_delta`, `markov_delta`); 0 by default, as in the spec.
     """
     p, y, v = blocks.p_target, blocks.labels, blocks.valid
     S = y.shape[1]
@@ -1061,12 +1067,12 @@ def refiner_losses(drafter: XPressDrafterModel, hidden: torch.Tensor, base: torc
     anchor = L(base)
     if isinstance(refiner, XPressMarkovHead):
         prev = torch.cat([blocks.anchor_prev[:, 1:], blocks.gold[:, :-1]], dim=1)  # [N, S]
-        tf = L(base + markov_delta(refiner, prev, vocab))
+        tf = L(base + markov_delta(refiner, prev, vocab, dropout))
         return tf + anchor_weight * anchor, {"tf": tf.item(), "anchor": anchor.item()}
     hidden_part = refiner.hidden_part(hidden)[:, : S + 1]  # the pooled part still averages the whole block
     teacher_prev = torch.cat([blocks.anchor_prev, blocks.gold[:, :-1]], dim=1)  # [N, S + 1]
     w2 = refiner.w2.weight if vocab is None else refiner.w2.weight[vocab]  # gathered once for all four passes
-    tf = L(base + refiner_delta(refiner, hidden_part, teacher_prev, vocab, w2))
+    tf = L(base + refiner_delta(refiner, hidden_part, teacher_prev, vocab, w2, dropout))
     to_ids = (lambda i: i) if vocab is None else (lambda i: vocab[i])
     # argmax of float32 scores: on a CPU faster than a bfloat16 argmax over the vocabulary even with the conversion (a
     # hand-run profile); the consistency rounds' logits are converted once for their loss and argmax.
@@ -1074,7 +1080,7 @@ def refiner_losses(drafter: XPressDrafterModel, hidden: torch.Tensor, base: torc
     consistency = []
     for _ in range(rounds):
         prev = torch.cat([blocks.anchor_prev, tokens[:, :-1]], dim=1)
-        logits = (base + refiner_delta(refiner, hidden_part, prev, vocab, w2)).float()
+        logits = (base + refiner_delta(refiner, hidden_part, prev, vocab, w2, dropout)).float()
         consistency.append(L(logits))
         tokens = to_ids(logits.detach().argmax(-1))
     cons = torch.stack(consistency).mean()
@@ -1425,6 +1431,8 @@ class TrainConfig:
     grad_accum: int = 1
     lr: float = 6e-4
     weight_decay: float = 0.01
+    refiner_weight_decay: float | None = None  # AdamW's decoupled decay for the refiner's weights (None: weight_decay)
+    refiner_dropout: float = 0.0  # dropout on the refiner's r-dim features before its read-out (training only)
     warmup: float = 0.04
     max_steps: int = 1000
     max_seconds: float | None = None  # stop (and checkpoint) after this much training time in this process
@@ -1489,6 +1497,11 @@ class Trainer:
         self.data = Dataset.load(cfg.data)
         if min(cfg.ce_weight, cfg.tv_weight) < 0 or cfg.ce_weight + cfg.tv_weight <= 0:
             raise ValueError(f"ce_weight and tv_weight must be >= 0 and not both 0, got {cfg.ce_weight} / {cfg.tv_weight}")
+        if not 0.0 <= cfg.refiner_dropout < 1.0:
+            raise ValueError(f"refiner_dropout must be in [0, 1), got {cfg.refiner_dropout}")
+        if min(cfg.weight_decay, cfg.weight_decay if cfg.refiner_weight_decay is None else cfg.refiner_weight_decay) < 0:
+            raise ValueError(f"weight_decay and refiner_weight_decay must be >= 0, got {cfg.weight_decay} / "
+                             f"{cfg.refiner_weight_decay}")
         if cfg.max_sequences is not None and cfg.max_sequences < 1:
             raise ValueError(f"max_sequences must be a positive number of sequences, got {cfg.max_sequences}")
         # A prefix of the labelled set: a data-volume ablation, or what a partly rebuilt feature cache covers.
@@ -1507,8 +1520,8 @@ class Trainer:
             else:
                 print(f"[train] feature cache covers {cache.num_done} < {self.num_sequences} sequences: computing features "
                       f"on the fly (--max-sequences {cache.num_done} trains on the cached ones only)")
-        params = [p for p in self.drafter.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+        self.optimizer = torch.optim.AdamW(self._param_groups(), lr=cfg.lr, weight_decay=cfg.weight_decay,
+                                           betas=(0.9, 0.95))
         from transformers import get_cosine_schedule_with_warmup
 
         self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, max(1, int(cfg.warmup * cfg.max_steps)), cfg.max_steps)
@@ -1523,6 +1536,18 @@ class Trainer:
         self.earlier_runs = earlier_runs(cfg.init_drafter)  # read now: shipping may later overwrite that folder
         self.stop_requested = False
         self.out = Path(cfg.out)
+
+    def _param_groups(self) -> list[dict]:
+        """The trained parameters: one AdamW group, or two when the refiner has its own `refiner_weight_decay` (its
+        token tables are what over-fits: docs/training.md). One group otherwise, so that older checkpoints resume."""
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        wd = self.cfg.refiner_weight_decay
+        refiner = self._refiner_owner().refiner
+        if wd is None or wd == self.cfg.weight_decay or refiner is None:
+            return [{"params": params}]
+        own = {id(p) for p in refiner.parameters()}
+        return [{"params": [p for p in params if id(p) not in own]},
+                {"params": [p for p in params if id(p) in own], "weight_decay": wd}]
 
     def _release_target_layers(self) -> None:
         """With every feature cached, training reads only the target's embedding and lm_head: free its decoder layers
@@ -1634,7 +1659,8 @@ class Trainer:
         with self.accel.autocast():
             hidden, base = drafter_outputs(self.drafter, self.lm_head, packed, self.vocab)
             loss, parts = refiner_losses(self._refiner_owner(), hidden, base, packed.blocks, self.weights, vocab=self.vocab,
-                                         ce_weight=self.cfg.ce_weight, tv_weight=self.cfg.tv_weight)
+                                         ce_weight=self.cfg.ce_weight, tv_weight=self.cfg.tv_weight,
+                                         dropout=self.cfg.refiner_dropout)
         return loss, parts, packed
 
     def _refiner_owner(self) -> Any:
@@ -1851,7 +1877,8 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                  "seed", "heldout_every", "heldout_seqs", "eval_every", "save_every", "threads", "mask_token_id",
                  "stop_after_steps", "intermediate_size", "max_sequences", "loss_slots"):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=int, default=getattr(d, name))
-    for name in ("gamma", "ce_weight", "tv_weight", "lr", "weight_decay", "warmup", "clip", "max_seconds"):
+    for name in ("gamma", "ce_weight", "tv_weight", "lr", "weight_decay", "refiner_weight_decay", "refiner_dropout",
+                 "warmup", "clip", "max_seconds"):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=float, default=getattr(d, name))
     p.add_argument("--layer-ids", dest="layer_ids", default=None, help="comma-separated target layers")
     p.add_argument("--mixed-precision", dest="mixed_precision", default=d.mixed_precision, choices=["no", "bf16"])
@@ -2053,6 +2080,16 @@ def earlier_runs(init_drafter: str | None) -> list[dict]:
     return prev.get("earlier_runs", []) + [run]
 
 
+def _regularisation(cfg: dict) -> str:
+    """The run's weight decay (and the refiner's own, and its dropout, where set), for the model card."""
+    text = f"weight decay {cfg.get('weight_decay', 0.01)}"
+    if cfg.get("refiner") and cfg.get("refiner_weight_decay") not in (None, cfg.get("weight_decay", 0.01)):
+        text += f" (refiner {cfg['refiner_weight_decay']})"
+    if cfg.get("refiner") and cfg.get("refiner_dropout"):
+        text += f", refiner dropout {cfg['refiner_dropout']}"
+    return text
+
+
 def _warm_start_line(cfg: dict, state: dict, earlier: list[dict] | None = None) -> str:
     """A model-card line for a run that started from an earlier run's drafter (`--init-drafter`), with the totals.
 
@@ -2145,7 +2182,7 @@ Trained with `hf-xpress train` (see `scripts/` and `docs/training.md` in the hf-
   below, only limits the refiner's correction to the drafter's top candidates).
 - **Budget**: {state['step']} steps x {cfg['batch_size']} sequences x {cfg['anchors_per_seq']} anchors = {state['blocks']} blocks{f" (losses on slots 1..{cfg['loss_slots']} of each)" if cfg.get('loss_slots') else ''},
   {state['tokens']} training tokens (target tokens read), {state['train_seconds'] / 60:.1f} minutes of training on 1 shared CPU
-  thread ({cfg['mixed_precision']} autocast); AdamW lr {cfg['lr']}, cosine, {cfg['warmup']:.0%} warm-up, clip {cfg['clip']}; {state['skipped']} skipped steps.
+  thread ({cfg['mixed_precision']} autocast); AdamW lr {cfg['lr']}, {_regularisation(cfg)}, cosine, {cfg['warmup']:.0%} warm-up, clip {cfg['clip']}; {state['skipped']} skipped steps.
 {_warm_start_line(cfg, state, saved.get("earlier_runs"))}{inference}- **Shipped checkpoint**: `{args.checkpoint}`, step {shipped_step}{f" (best held-out tau_est of the run: {best['tau_est']:.3f} at step {best['step']})" if best else ''}.
 
 Learning curve (held-out: loss on the training vocabulary; per-slot greedy acceptance of the inference-time drafts,

@@ -519,6 +519,33 @@ PY
       wait
     done
     ;;
+  reg-ab)
+    # Twenty-third session: the refiners are over-confident on new text and nearly calibrated on text they trained on
+    # (scripts/calibration.py): a generalisation gap of their token-conditioned bias. Regularise it at the source: the
+    # eleventh run's xPress folder continues CE_STEPS (900) steps with ce-ab's recipe (whose spec-mix arm,
+    # runs/smollm2-xpress-ce0.1, is the control), side by side, 1 thread each: AdamW weight decay 1.0 on the refiner's
+    # weights (-rwd1; the rest keeps 0.01) against dropout 0.1 on its features before the read-out (-rdrop0.1).
+    eleventh=$(folders_at "$ELEVENTH_RUN")
+    for arm in "-rwd1 --refiner-weight-decay 1.0" "-rdrop0.1 --refiner-dropout 0.1"; do
+      set -- $arm
+      REFINERS=xpress CONTINUE_STEPS=${CE_STEPS:-900} continue_shipped "$1" data/smollm2-mix7 "$MIX7_CACHE" \
+        "$eleventh" --loss-slots 2 --batch-size 8 --lr 3e-4 --eval-every 300 "$2" "$3" &
+    done
+    wait
+    ;;
+  tau-reg-ab)
+    # reg-ab's two arms as tau-ce-ab measured ce-ab's (development split, 6-node dynamic trees 4 deep, TEMPS).
+    ref=results/training/greedy-reference-dev16.json
+    for t in ${TEMPS:-1.0 1.5}; do
+      for arm in rwd1 rdrop0.1; do
+        python -m hf_xpress.training tau --drafter "runs/smollm2-xpress-$arm/final" --reference "$ref" \
+          --sets humaneval,mtbench,math500 --skip 24 --limit 16 --threads 1 --tree 3 --tree-budget 6 \
+          --set num_assistant_tokens=4 --set "tree_temperature=$t" \
+          --out "results/training/tau-xpress-$arm-dev-dyn3b6d4t$t.json" &
+      done
+      wait
+    done
+    ;;
   grow-probe)
     # Capacity probe before a ninth run: the eighth run's dFlash drafter continues PROBE_STEPS (600) steps on mix7 as it
     # is (2 layers) and grown to 4 (--grow-layers 2: the new layers start as the identity), side by side, at a low lr

@@ -215,8 +215,8 @@ def test_consistency_rounds_feed_back_argmax(monkeypatch):
     seen: list[torch.Tensor] = []
     original = T.refiner_delta
 
-    def spy(refiner, hidden_part, prev, cols=None, w2=None):
-        out = original(refiner, hidden_part, prev, cols, w2)
+    def spy(refiner, hidden_part, prev, cols=None, w2=None, dropout=0.0):
+        out = original(refiner, hidden_part, prev, cols, w2, dropout)
         seen.append((prev.clone(), out.detach().clone()))
         return out
 
@@ -268,22 +268,26 @@ def test_loss_on_the_first_slots_equals_the_whole_block_loss_weighted_there_only
     assert not torch.allclose(T.refiner_losses(drafter, hidden, base, blocks, weights)[0], whole)
 
 
+def _random_refiner_problem(refiner: str, rank: int, seed: int, N: int = 4, B: int = 5) -> tuple:
+    """A tiny drafter with random refiner weights and N random blocks of B tokens (some slots unlabelled):
+    `(drafter, hidden [N, B, H], base [N, B-1, V], blocks, slot weights)`."""
+    drafter = XPressDrafterModel.from_target(tiny_llama(), refiner=refiner, num_hidden_layers=1, mask_token_id=V - 1,
+                                             refiner_rank=rank, block_size=B)
+    with torch.no_grad():
+        for p in drafter.refiner.parameters():
+            p.normal_(0, 0.5)
+    torch.manual_seed(seed)
+    hidden, base = torch.randn(N, B, 64), torch.randn(N, B - 1, V) * 2
+    blocks = T.BlockBatch(torch.randint(0, V, (N, 2)), torch.randint(0, V, (N, B - 1)), torch.randint(0, V, (N, B - 1)),
+                          torch.softmax(torch.randn(N, B - 1, V), -1), torch.rand(N, B - 1) > 0.2)
+    return drafter, hidden, base, blocks, T.position_weights(B - 1, 7.0)
+
+
 @pytest.mark.parametrize("refiner", ["xpress", "markov"])
 def test_refiner_loss_weights_mix_ce_and_tv(refiner):
     """`ce_weight` / `tv_weight` set every term's mix: the objective is linear in them (CE alone plus TV alone equals
     the spec's 0.1 / 0.9 mix weighted the same way), and the drafter-anchor term at CE alone is the dFlash loss."""
-    target = tiny_llama()
-    drafter = XPressDrafterModel.from_target(target, refiner=refiner, num_hidden_layers=1, mask_token_id=V - 1,
-                                             refiner_rank=8, block_size=5)
-    with torch.no_grad():
-        for p in drafter.refiner.parameters():
-            p.normal_(0, 0.5)
-    N, B = 4, 5
-    torch.manual_seed(2)
-    hidden, base = torch.randn(N, B, 64), torch.randn(N, B - 1, V) * 2
-    blocks = T.BlockBatch(torch.randint(0, V, (N, 2)), torch.randint(0, V, (N, B - 1)), torch.randint(0, V, (N, B - 1)),
-                          torch.softmax(torch.randn(N, B - 1, V), -1), torch.rand(N, B - 1) > 0.2)
-    w = T.position_weights(B - 1, 7.0)
+    drafter, hidden, base, blocks, w = _random_refiner_problem(refiner, rank=8, seed=2)
     spec, _ = T.refiner_losses(drafter, hidden, base, blocks, w)
     ce, ce_parts = T.refiner_losses(drafter, hidden, base, blocks, w, ce_weight=1.0, tv_weight=0.0)
     tv, _ = T.refiner_losses(drafter, hidden, base, blocks, w, ce_weight=0.0, tv_weight=1.0)
@@ -302,6 +306,63 @@ def test_trainer_takes_the_loss_weights_and_rejects_bad_ones(tmp_path):
     for ce, tv in ((-0.1, 0.9), (0.0, 0.0)):
         with pytest.raises(ValueError, match="ce_weight and tv_weight must be >= 0 and not both 0"):
             T.Trainer(_cfg(data, tmp_path / "bad", ce_weight=ce, tv_weight=tv), target=target)
+
+
+@pytest.mark.parametrize("refiner", ["xpress", "markov"])
+def test_refiner_dropout_acts_in_training_mode_only(refiner):
+    """`dropout` perturbs the refiner's features (so the loss) in training mode; in eval mode (held-out evaluation,
+    inference) the loss is exactly the undropped one."""
+    drafter, hidden, base, blocks, w = _random_refiner_problem(refiner, rank=16, seed=3)
+    plain, _ = T.refiner_losses(drafter, hidden, base, blocks, w)
+    drafter.train()
+    dropped, _ = T.refiner_losses(drafter, hidden, base, blocks, w, dropout=0.5)
+    assert not torch.allclose(dropped, plain)
+    drafter.eval()
+    torch.testing.assert_close(T.refiner_losses(drafter, hidden, base, blocks, w, dropout=0.5)[0], plain)
+
+
+def test_trainer_takes_refiner_regularisers_and_rejects_bad_ones(tmp_path, monkeypatch):
+    """`--refiner-weight-decay` puts the refiner's weights in their own AdamW group, whose decoupled decay is applied
+    (checked on a step with zero gradients); `--refiner-dropout` reaches the training loss, not the held-out one."""
+    target, data, parser = _tiny_training_setup(tmp_path)
+    args = parser.parse_args(["--refiner-weight-decay", "0.5", "--refiner-dropout", "0.2"])
+    assert (args.refiner_weight_decay, args.refiner_dropout) == (0.5, 0.2)
+    assert parser.parse_args([]).refiner_weight_decay is None
+    plain = T.Trainer(_cfg(data, tmp_path / "plain"), target=target)
+    assert len(plain.optimizer.param_groups) == 1  # as before: older checkpoints resume
+    trainer = T.Trainer(_cfg(data, tmp_path / "run", refiner_weight_decay=0.5, refiner_dropout=0.2), target=target)
+    model = trainer.accel.unwrap_model(trainer.drafter)
+    rest, own = trainer.optimizer.param_groups
+    assert {id(p) for p in own["params"]} == {id(p) for p in model.refiner.parameters()}
+    assert {id(p) for p in rest["params"]} | {id(p) for p in own["params"]} == {
+        id(p) for p in model.parameters() if p.requires_grad}
+    assert (rest["weight_decay"], own["weight_decay"]) == (0.01, 0.5)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for group in trainer.optimizer.param_groups:
+        group["lr"] = 0.1
+        for p in group["params"]:
+            p.grad = torch.zeros_like(p)
+    trainer.optimizer.step()
+    for n, p in model.named_parameters():
+        factor = 1 - 0.1 * (0.5 if n.startswith("refiner.") else 0.01)
+        torch.testing.assert_close(p.detach(), before[n] * factor, msg=n)
+    seen = []
+    original = T.refiner_losses
+
+    def spy(*a, **kw):
+        seen.append((kw.get("dropout", 0.0), a[0].training))
+        return original(*a, **kw)
+
+    monkeypatch.setattr(T, "refiner_losses", spy)
+    trainer = T.Trainer(_cfg(data, tmp_path / "run2", refiner_dropout=0.2), target=target)
+    assert math.isfinite(trainer.train_step()["loss"])
+    trainer.evaluate()
+    assert seen[:2] == [(0.2, True)] * 2  # the step's two micro-batches (grad_accum 2)
+    assert len(seen) > 2 and all(not training for _, training in seen[2:])  # held out: eval mode, no dropout
+    for bad, match in (({"refiner_dropout": 1.0}, "refiner_dropout must be in"),
+                       ({"refiner_weight_decay": -1.0}, "refiner_weight_decay must be >= 0")):
+        with pytest.raises(ValueError, match=match):
+            T.Trainer(_cfg(data, tmp_path / "bad", **bad), target=target)
 
 
 def test_packed_blocks_label_only_the_first_slots():

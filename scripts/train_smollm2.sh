@@ -137,6 +137,23 @@ continue_shipped() {
   wait
 }
 
+# tau_dev_arms ARM...: real tau of runs/smollm2-ARM/final on the development split (prompts 25-40 of each set), 6-node
+# dynamic trees 4 deep, at each tree_temperature in TEMPS (default "1.0 1.5"), the arms side by side, 1 thread each ->
+# results/training/tau-ARM-dev-dyn3b6d4t<T>.json.
+tau_dev_arms() {
+  local t arm
+  for t in ${TEMPS:-1.0 1.5}; do
+    for arm in "$@"; do
+      python -m hf_xpress.training tau --drafter "runs/smollm2-$arm/final" \
+        --reference results/training/greedy-reference-dev16.json \
+        --sets humaneval,mtbench,math500 --skip 24 --limit 16 --threads 1 --tree 3 --tree-budget 6 \
+        --set num_assistant_tokens=4 --set "tree_temperature=$t" \
+        --out "results/training/tau-$arm-dev-dyn3b6d4t$t.json" &
+    done
+    wait
+  done
+}
+
 # extend_mix FROM TO SEED CACHE DATASET...: TO = FROM (its committed labels kept) + every sequence of each DATASET,
 # relabelled by the bf16 forward that also fills the feature cache CACHE (for the whole of TO). Resumable.
 extend_mix() {
@@ -508,16 +525,7 @@ PY
   tau-ce-ab)
     # ce-ab's two arms on the development split (prompts 25-40 of each set), 6-node dynamic trees 4 deep (what the
     # tree_temperature comparison used), at tree_temperature T (TEMPS, default "1.0 1.5"), the two arms side by side.
-    ref=results/training/greedy-reference-dev16.json
-    for t in ${TEMPS:-1.0 1.5}; do
-      for arm in 0.1 1; do
-        python -m hf_xpress.training tau --drafter "runs/smollm2-xpress-ce$arm/final" --reference "$ref" \
-          --sets humaneval,mtbench,math500 --skip 24 --limit 16 --threads 1 --tree 3 --tree-budget 6 \
-          --set num_assistant_tokens=4 --set "tree_temperature=$t" \
-          --out "results/training/tau-xpress-ce$arm-dev-dyn3b6d4t$t.json" &
-      done
-      wait
-    done
+    tau_dev_arms xpress-ce0.1 xpress-ce1
     ;;
   reg-ab)
     # Twenty-third session: the refiners are over-confident on new text and nearly calibrated on text they trained on
@@ -525,26 +533,24 @@ PY
     # eleventh run's xPress folder continues CE_STEPS (900) steps with ce-ab's recipe (whose spec-mix arm,
     # runs/smollm2-xpress-ce0.1, is the control), side by side, 1 thread each: AdamW weight decay 1.0 on the refiner's
     # weights (-rwd1; the rest keeps 0.01) against dropout 0.1 on its features before the read-out (-rdrop0.1).
+    # REG_ARMS (default "wd1 drop0.1"): wdX = --refiner-weight-decay X, dropX = --refiner-dropout X, run side by side.
     eleventh=$(folders_at "$ELEVENTH_RUN")
-    for arm in "-rwd1 --refiner-weight-decay 1.0" "-rdrop0.1 --refiner-dropout 0.1"; do
-      set -- $arm
-      REFINERS=xpress CONTINUE_STEPS=${CE_STEPS:-900} continue_shipped "$1" data/smollm2-mix7 "$MIX7_CACHE" \
-        "$eleventh" --loss-slots 2 --batch-size 8 --lr 3e-4 --eval-every 300 "$2" "$3" &
+    for arm in ${REG_ARMS:-wd1 drop0.1}; do
+      case $arm in
+        wd*) flag=(--refiner-weight-decay "${arm#wd}") ;;
+        drop*) flag=(--refiner-dropout "${arm#drop}") ;;
+        *) echo "REG_ARMS: wdX or dropX, got $arm" >&2; exit 2 ;;
+      esac
+      REFINERS=xpress CONTINUE_STEPS=${CE_STEPS:-900} continue_shipped "-r$arm" data/smollm2-mix7 "$MIX7_CACHE" \
+        "$eleventh" --loss-slots 2 --batch-size 8 --lr 3e-4 --eval-every 300 "${flag[@]}" &
     done
     wait
     ;;
   tau-reg-ab)
-    # reg-ab's two arms as tau-ce-ab measured ce-ab's (development split, 6-node dynamic trees 4 deep, TEMPS).
-    ref=results/training/greedy-reference-dev16.json
-    for t in ${TEMPS:-1.0 1.5}; do
-      for arm in rwd1 rdrop0.1; do
-        python -m hf_xpress.training tau --drafter "runs/smollm2-xpress-$arm/final" --reference "$ref" \
-          --sets humaneval,mtbench,math500 --skip 24 --limit 16 --threads 1 --tree 3 --tree-budget 6 \
-          --set num_assistant_tokens=4 --set "tree_temperature=$t" \
-          --out "results/training/tau-xpress-$arm-dev-dyn3b6d4t$t.json" &
-      done
-      wait
-    done
+    # reg-ab's arms (REG_ARMS) as tau-ce-ab measured ce-ab's (development split, 6-node dynamic trees 4 deep, TEMPS).
+    arms=()
+    for arm in ${REG_ARMS:-wd1 drop0.1}; do arms+=("xpress-r$arm"); done
+    tau_dev_arms "${arms[@]}"
     ;;
   grow-probe)
     # Capacity probe before a ninth run: the eighth run's dFlash drafter continues PROBE_STEPS (600) steps on mix7 as it

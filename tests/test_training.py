@@ -752,6 +752,7 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
     assert "sources\n  `test`, seed 0: test;" in card  # an unknown source kind is named as it is
     assert "Extended with `more` (more; seed 1)" in card
     assert "blocks (losses on slots 1..2 of each)," in card
+    assert "AdamW lr 0.003, weight decay 0.01, cosine" in card  # no refiner regulariser set: none named
     assert "(HuggingFaceTB/SmolLM2-135M-Instruct, frozen, float32). Mask token id 127." in card  # 127 is not <empty_output>
     bad = argparse.Namespace(**{**vars(args), "set": ["block_size=8"]})
     with pytest.raises(ValueError, match="--set takes KEY=VALUE with KEY one of"):
@@ -759,6 +760,14 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
     bad = argparse.Namespace(**{**vars(args), "set": ["num_assistant_tokens=99"]})
     with pytest.raises(ValueError, match="num_assistant_tokens must be None or in"):
         T.ship_main(bad)
+
+
+def test_model_card_names_the_refiner_regularisers():
+    cfg = {"refiner": "xpress", "weight_decay": 0.01, "refiner_weight_decay": 1.0, "refiner_dropout": 0.1}
+    assert T._regularisation(cfg) == "weight decay 0.01 (refiner 1.0), refiner dropout 0.1"
+    assert T._regularisation({**cfg, "refiner_weight_decay": 0.01, "refiner_dropout": 0.0}) == "weight decay 0.01"
+    assert T._regularisation({**cfg, "refiner": None}) == "weight decay 0.01"  # no refiner: nothing to regularise
+    assert T._regularisation({"refiner": "markov", "weight_decay": 0.05}) == "weight decay 0.05"  # an older run's config
 
 
 def test_stdlib_functions_are_humaneval_shaped_tasks_answered_by_their_source():

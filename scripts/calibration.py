@@ -4,7 +4,7 @@ slot-1 token is the target's argmax against how probable the drafter said it was
 
     python scripts/calibration.py [--data data/smollm2-mix7] [--drafters drafters/smollm2-135m-*-b16]
         [--heldout 48] [--anchors 24] [--temperatures 1,1.5,2] [--whole-vocabulary] [--train-neighbours]
-        [--out results/calibration.json]
+        [--drafter-only] [--out results/calibration.json]
 
 Per drafter and temperature T (scores divided by T, as the tree does): slot-1 accuracy, mean confidence (the top
 token's probability), expected calibration error over 10 confidence bins (ECE; confidence above accuracy means
@@ -14,7 +14,8 @@ re-scores, as `propose_dynamic_tree` computes them (`--whole-vocabulary`: over a
 each, as in training). `--train-neighbours` measures instead the training sequence that follows each held-out one
 (seen in training): a drafter calibrated there but over-confident on the held-out split has fitted its training data
 more closely than it generalises. The target runs in float32 on the fly; the held-out split and anchors are the
-trainer's (every 25th sequence, seed 12345).
+trainer's (every 25th sequence, seed 12345). `--drafter-only` measures a refiner drafter's own dFlash scores without
+the refiner's bias (over its whole draft vocabulary): is the over-confidence in the bias or in the scores under it?
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ def main() -> None:
                     help="the training sequence after each held-out one instead (seen in training)")
     ap.add_argument("--whole-vocabulary", action="store_true",
                     help="softmax over the whole draft vocabulary even with a refiner_shortlist (the refiner's bias on all)")
+    ap.add_argument("--drafter-only", action="store_true",
+                    help="the drafter's own scores, without the refiner's bias (whole draft vocabulary)")
     ap.add_argument("--out", default="results/calibration.json")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
@@ -87,13 +90,17 @@ def main() -> None:
         heldout = [i + 1 for i in heldout if i + 1 in in_train]
     target, _ = load_target(args.target, dtype=torch.float32)
     report = {"data": args.data, "split": "train neighbours" if args.train_neighbours else "heldout",
+              "drafter_only": args.drafter_only,
               "sequences": len(heldout), "anchors_per_sequence": args.anchors, "drafters": {}}
     print("| drafter | T | blocks | slot-1 accuracy | confidence | ECE | top-3 |\n|---|---|---|---|---|---|---|")
     for path in args.drafters:
         drafter = XPressDrafterModel.from_pretrained(path, dtype=torch.float32).eval()
         base, scores, labels, valid = slot1_scores(drafter, target, data, heldout, args.anchors)
-        shortlist = None if args.whole_vocabulary or drafter.refiner is None else drafter.config.refiner_shortlist
-        rows = report["drafters"][path] = {"refiner_shortlist": shortlist}
+        if args.drafter_only:
+            scores = base
+        plain = args.whole_vocabulary or args.drafter_only or drafter.refiner is None
+        shortlist = None if plain else drafter.config.refiner_shortlist
+        rows = report["drafters"][path] = {"refiner_shortlist": shortlist, "refiner_bias": not args.drafter_only}
         for t in map(float, args.temperatures.split(",")):
             r = rows[str(t)] = calibration_estimate(base[valid], scores[valid], labels[valid], shortlist, t)
             print(f"| {path} | {t:g} | {r['blocks']} | {r['acc1']:.3f} | {r['confidence']:.3f} | {r['ece']:.3f} | "

@@ -514,18 +514,21 @@ PY
     # score for "this draft is accepted", TV against p_target is not.) The eleventh run's xPress folder continues
     # CE_STEPS (900) steps on mix7 with the eleventh run's recipe (slots 1..2, 8 sequences, lr 3e-4), side by side,
     # 1 thread each: the spec's 0.1 x CE + 0.9 x TV (control) against CE alone (--ce-weight 1 --tv-weight 0).
+    # CE_LR=X (twenty-third session: 5e-5, so that the continuation does not dip under its start as it does at 3e-4)
+    # runs both arms at that rate instead, into runs/smollm2-xpress-ce{0.1,1}-lrX.
     eleventh=$(folders_at "$ELEVENTH_RUN")
     for arm in "0.1 0.9" "1 0"; do
       set -- $arm
-      REFINERS=xpress CONTINUE_STEPS=${CE_STEPS:-900} continue_shipped "-ce$1" data/smollm2-mix7 "$MIX7_CACHE" \
-        "$eleventh" --loss-slots 2 --batch-size 8 --lr 3e-4 --eval-every 300 --ce-weight "$1" --tv-weight "$2" &
+      REFINERS=xpress CONTINUE_STEPS=${CE_STEPS:-900} continue_shipped "-ce$1${CE_LR:+-lr$CE_LR}" data/smollm2-mix7 \
+        "$MIX7_CACHE" "$eleventh" --loss-slots 2 --batch-size 8 --lr "${CE_LR:-3e-4}" --eval-every 300 \
+        --ce-weight "$1" --tv-weight "$2" &
     done
     wait
     ;;
   tau-ce-ab)
     # ce-ab's two arms on the development split (prompts 25-40 of each set), 6-node dynamic trees 4 deep (what the
     # tree_temperature comparison used), at tree_temperature T (TEMPS, default "1.0 1.5"), the two arms side by side.
-    tau_dev_arms xpress-ce0.1 xpress-ce1
+    tau_dev_arms "xpress-ce0.1${CE_LR:+-lr$CE_LR}" "xpress-ce1${CE_LR:+-lr$CE_LR}"
     ;;
   reg-ab)
     # Twenty-third session: the refiners are over-confident on new text and nearly calibrated on text they trained on

@@ -1538,8 +1538,9 @@ class Trainer:
         self.out = Path(cfg.out)
 
     def _param_groups(self) -> list[dict]:
-        """The trained parameters: one AdamW group, or two when the refiner has its own `refiner_weight_decay` (its
-        token tables are what over-fits: docs/training.md). One group otherwise, so that older checkpoints resume."""
+        """The trained parameters: one AdamW group, or two when the refiner has its own `refiner_weight_decay` (a
+        regulariser for its bias alone; docs/training.md measures it). One group otherwise, so that older checkpoints
+        resume."""
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         wd = self.cfg.refiner_weight_decay
         refiner = self._refiner_owner().refiner

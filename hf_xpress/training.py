@@ -1326,6 +1326,13 @@ def training_split(num_labelled: int, max_sequences: int | None, heldout_every: 
     return (used, [i for i in range(used) if i % heldout_every != 0], [i for i in range(used) if i % heldout_every == 0])
 
 
+def train_neighbours(heldout: list[int], train: list[int]) -> list[int]:
+    """The training sequence right after each held-out one, where there is one: text of the same part of the data that a
+    run trained on (a fit-gap measurement compares a drafter there and on the held-out sequences)."""
+    in_train = set(train)
+    return [i + 1 for i in heldout if i + 1 in in_train]
+
+
 def run_training_vocabulary(cfg: dict, vocab_size: int) -> np.ndarray:
     """The training vocabulary of a finished run from its saved config (same data, split and size as in training)."""
     data = Dataset.load(cfg["data"])

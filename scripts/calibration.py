@@ -31,7 +31,7 @@ from hf_xpress import XPressDrafterModel
 from hf_xpress.assets import load_target
 from hf_xpress.modeling_xpress import XPressMarkovHead, XPressRefiner
 from hf_xpress.training import (Dataset, calibration_estimate, drafter_hidden, markov_delta, pack_blocks, refiner_delta,
-                                sequences_with_features, training_split)
+                                sequences_with_features, train_neighbours, training_split)
 
 
 @torch.no_grad()
@@ -86,8 +86,7 @@ def main() -> None:
     _, train, heldout = training_split(data.num_labelled, None, args.heldout_every)
     heldout = heldout[: args.heldout]
     if args.train_neighbours:
-        in_train = set(train)
-        heldout = [i + 1 for i in heldout if i + 1 in in_train]
+        heldout = train_neighbours(heldout, train)
     target, _ = load_target(args.target, dtype=torch.float32)
     report = {"data": args.data, "split": "train neighbours" if args.train_neighbours else "heldout",
               "drafter_only": args.drafter_only,

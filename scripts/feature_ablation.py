@@ -28,7 +28,7 @@ import torch
 from hf_xpress import XPressDrafterModel
 from hf_xpress.assets import load_target
 from hf_xpress.training import (Dataset, acceptance_estimate, heldout_drafts, pack_blocks, sequences_with_features,
-                                training_split)
+                                train_neighbours, training_split)
 
 
 def ngram_baselines(data: Dataset, train: list[int], heldout: list[int]) -> dict[str, float]:
@@ -106,8 +106,7 @@ def main() -> None:
         print("n-gram baselines (slot 1):", json.dumps(report["ngram"]), flush=True)
     splits = {"heldout": heldout}
     if args.train_neighbours:
-        in_train = set(train)
-        splits["train"] = [i + 1 for i in heldout if i + 1 in in_train]
+        splits["train"] = train_neighbours(heldout, train)
         report["train_sequences"] = len(splits["train"])
     target, _ = load_target(args.target, dtype=torch.float32)
     report["drafters"] = {}

@@ -762,6 +762,13 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
         T.ship_main(bad)
 
 
+def test_train_neighbours_are_the_training_sequences_right_after_the_held_out_ones():
+    used, train, heldout = T.training_split(51, None, 25)
+    assert (used, heldout) == (51, [0, 25, 50])
+    assert T.train_neighbours(heldout, train) == [1, 26]  # 51 is past the data: no neighbour
+    assert T.train_neighbours([0, 25], [i for i in train if i != 26]) == [1]  # only sequences trained on
+
+
 def test_model_card_names_the_refiner_regularisers():
     cfg = {"refiner": "xpress", "weight_decay": 0.01, "refiner_weight_decay": 1.0, "refiner_dropout": 0.1}
     assert T._regularisation(cfg) == "weight decay 0.01 (refiner 1.0), refiner dropout 0.1"

@@ -1595,6 +1595,21 @@ def main(args: argparse.Namespace) -> int:
         print(f"wrote {paths['json']}, {paths['report']} and plots (re-summarized from {source})")
         return 0
 
+    # Every list of method settings is parsed before any model loads, so a typo fails at once.
+    options = dict(
+        passes=_int_list(args.passes),
+        early_stop=_on_off_list(args.early_stop),
+        shortlists=_optional_ints(args.shortlist),
+        drafts=_optional_ints(args.drafts),
+        confidences=[float(c) for c in args.confidence.split(",") if c.strip()],
+        draft_vocabs=_on_off_list(args.draft_vocab, "--draft-vocab"),
+        prompt_lookup=None if args.no_prompt_lookup else args.prompt_lookup_tokens,
+        native_dflash=not args.no_native_dflash,
+        with_lookup=_lookup_list(args.with_lookup),
+        trees=_optional_ints(args.tree),
+        tree_budgets=_optional_ints(args.tree_budget),
+        tree_temperatures=_optional_floats(args.tree_temperature),
+    )
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
@@ -1631,22 +1646,7 @@ def main(args: argparse.Namespace) -> int:
 
         model = AutoModelForCausalLM.from_pretrained(resolve_target(args.assistant), dtype=dtype)
         assistant = (_label(args.assistant), model.to(target.device).eval())
-    methods = build_methods(
-        drafters,
-        assistant=assistant,
-        passes=_int_list(args.passes),
-        early_stop=_on_off_list(args.early_stop),
-        shortlists=_optional_ints(args.shortlist),
-        drafts=_optional_ints(args.drafts),
-        confidences=[float(c) for c in args.confidence.split(",") if c.strip()],
-        draft_vocabs=_on_off_list(args.draft_vocab, "--draft-vocab"),
-        prompt_lookup=None if args.no_prompt_lookup else args.prompt_lookup_tokens,
-        native_dflash=not args.no_native_dflash,
-        with_lookup=_lookup_list(args.with_lookup),
-        trees=_optional_ints(args.tree),
-        tree_budgets=_optional_ints(args.tree_budget),
-        tree_temperatures=_optional_floats(args.tree_temperature),
-    )
+    methods = build_methods(drafters, assistant=assistant, **options)
     if args.methods:
         methods = select_methods(methods, args.methods)
     sets = _load_sets([s.strip() for s in args.sets.split(",") if s.strip()], args.limit, target, tokenizer,

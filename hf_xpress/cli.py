@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # sub-command -> "module:function" where function(subparsers) adds the sub-command's parser and sets `func`.
@@ -30,8 +31,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one sub-command. Bad input (our `ValueError`s and `ConversionError`s, a missing file) is reported as one
+    line naming the problem, exit status 2; `HF_XPRESS_TRACEBACK=1` shows the traceback instead."""
+    from .conversion import ConversionError
+
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except (ConversionError, ValueError, FileNotFoundError, argparse.ArgumentTypeError) as err:
+        if os.environ.get("HF_XPRESS_TRACEBACK"):
+            raise
+        print(f"hf-xpress {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

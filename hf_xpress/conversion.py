@@ -30,6 +30,7 @@ import argparse
 import json
 import logging
 import os
+import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,8 @@ MUSE_MODEL_TYPE = "muse_glimmer_assistant"
 VLLM_XPRESS_ARCHITECTURE = "Qwen3XPressModel"
 VLLM_DSPARK_ARCHITECTURE = "Qwen3DSparkModel"
 VLLM_METHODS = {None: "dflash", "xpress": "xpress", "markov": "dspark"}
+# Where the target's config goes, in each of the ways a checkpoint is read.
+_TARGET_HINT = "target= in Python, --target to `hf-xpress convert` / `export`, --target-config to `hf-xpress push`"
 
 # Official refiner state-dict names (refiners/xpress_head.py, refiners/markov.py). Ours are the same under `refiner.`.
 XPRESS_KEYS = (
@@ -132,6 +135,11 @@ def read_state_dict(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
             if not isinstance(state, dict):
                 raise ConversionError(f"{binary} does not hold a state dict.")
             return state
+    except pickle.UnpicklingError as err:  # weights_only=True refused a pickled object
+        raise ConversionError(
+            f"Refusing to load {folder / 'pytorch_model.bin'}: it pickles Python objects that "
+            f"torch.load(weights_only=True) does not allow ({err}); re-save it with save_pretrained (safetensors)."
+        ) from err
     except (SafetensorError, OSError, KeyError, json.JSONDecodeError, RuntimeError) as err:
         raise ConversionError(
             f"Could not read the weights in {folder}: {err}. The checkpoint is corrupt or incomplete."
@@ -232,7 +240,8 @@ def _target_depth(raw_depth, ids: list[int], text_config, name: str) -> int:
     if raw_depth is not None:
         return int(raw_depth)
     guess = max(ids) + 3  # dFlash rule: the ids span layers 1 .. L-3
-    logger.warning("%s does not record the target's depth; assuming %d (dFlash rule). Pass target= to be sure.", name, guess)
+    logger.warning("%s does not record the target's depth; assuming %d (dFlash rule). Pass the target's config (%s) "
+                   "to be sure.", name, guess, _TARGET_HINT)
     return guess
 
 
@@ -279,7 +288,7 @@ def dflash_config_to_xpress(
         )
     vocab = raw.get("vocab_size") or (text.vocab_size if text is not None else None)
     if vocab is None:
-        raise ConversionError(f"{name} records no vocab_size; pass target= (the target's config).")
+        raise ConversionError(f"{name} records no vocab_size; pass the target's config ({_TARGET_HINT}).")
     return XPressDrafterConfig(
         vocab_size=int(vocab),
         hidden_size=hidden,
@@ -321,7 +330,8 @@ def muse_config_to_xpress(
     text = _target_text_config(target)
     vocab = vocab_size or (text.vocab_size if text is not None else None)
     if vocab is None:
-        raise ConversionError(f"{name}: its config has no vocab_size; pass target= (the target's config) or vocab_size=.")
+        raise ConversionError(f"{name}: its config has no vocab_size; pass the target's config ({_TARGET_HINT}) or "
+                              "vocab_size=.")
     depth = num_target_layers or (text.num_hidden_layers if text is not None else None)
     ids = [int(i) for i in config.target_layer_ids]
     return XPressDrafterConfig(
@@ -359,12 +369,20 @@ def muse_config_to_xpress(
 # --------------------------------------------------------------------------------------------------------------------
 
 
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+
+
 def _dtype(value, fallback: torch.dtype) -> torch.dtype:
+    """`value` (None / "auto": `fallback`, a torch dtype, or one of `DTYPES`' names) as a floating torch dtype."""
     if value is None or value == "auto":
         return fallback
     if isinstance(value, torch.dtype):
         return value
-    return getattr(torch, str(value).replace("torch.", ""))
+    name = str(value).removeprefix("torch.")
+    if name not in DTYPES:
+        raise ConversionError(f"dtype {value!r} is not one of {', '.join(DTYPES)} (or 'auto': as stored).")
+    return DTYPES[name]
 
 
 def _stored_dtype(state: dict[str, torch.Tensor]) -> torch.dtype:
@@ -901,7 +919,8 @@ def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
         "--target", help="target model config (folder or Hub id): vocabulary and depth when the checkpoint lacks them"
     )
     parser.add_argument("--passes", type=int, help="Jacobi passes K to record (default: keep, or 6)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16, ... (default: as stored)")
+    parser.add_argument("--dtype", default=None, choices=[*DTYPES, "auto"], metavar="DTYPE",
+                        help="float32, bfloat16 or float16 (default: as stored)")
     parser.add_argument(
         "--base-drafter-weights", action="store_true",
         help="keep the base drafter's weights even if the .pt ships a co-trained drafter",

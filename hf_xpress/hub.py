@@ -134,7 +134,11 @@ first tokens, each continued on its own branch.
 
 
 def _is_repo_id(name: str) -> bool:
-    return bool(_REPO_ID.match(name)) and not os.path.exists(name) and not name.startswith((".", "/", "~"))
+    """Whether a destination reads as a Hub repo id (`user/name`) rather than a local folder: not an existing path,
+    and its first part not an existing local folder (`drafters/new-one` is a folder to create)."""
+    if not _REPO_ID.match(name) or name.startswith((".", "/", "~")) or os.path.exists(name):
+        return False
+    return not os.path.isdir(name.split("/")[0])
 
 
 def _ensure_remote_code(drafter, folder: Path) -> None:
@@ -239,7 +243,12 @@ def _run_push(args) -> int:
 
     drafter = load_checkpoint(args.source, refiner=args.refiner, base=args.base, target=args.target_config)
     results = json.loads(Path(args.results).read_text()) if args.results else None
-    training = Path(args.training).read_text() if args.training and Path(args.training).is_file() else args.training
+    training = args.training
+    if training and Path(training).is_file():
+        training = Path(training).read_text()
+    elif training and not any(c.isspace() for c in training) and (os.sep in training or Path(training).suffix):
+        raise SystemExit(f"hf-xpress push: --training {training!r}: no such file (pass the description's text, or a "
+                         "file that exists)")
     where = publish(
         drafter, args.destination, target=args.target, repo_id=args.repo_id, training=training or "Not documented.",
         results=results, custom_generate=not args.no_custom_generate, private=args.private,
@@ -269,7 +278,6 @@ def add_push_parser(subparsers) -> None:
 
 
 __all__ = [
-    "CUSTOM_GENERATE_PY",
     "add_push_parser",
     "publish",
     "push_to_hub",

@@ -89,15 +89,38 @@ class Dataset:
 
     @classmethod
     def load(cls, folder: str | os.PathLike) -> "Dataset":
+        """The dataset in `folder`. `manifest.json` is written last, so it is the commit point: arrays that an
+        interrupted `--extend` already grew are read only as far as the manifest's `num_sequences`."""
         folder = Path(folder)
+        if not (folder / "manifest.json").exists():
+            raise FileNotFoundError(f"{folder}: no dataset here (no manifest.json); build one with `hf-xpress data`")
         manifest = json.loads((folder / "manifest.json").read_text())
+        offsets = np.load(folder / "offsets.npy")
+        n = int(manifest.get("num_sequences", len(offsets) - 1))
+        if n > len(offsets) - 1:
+            raise ValueError(f"{folder}: manifest.json lists {n} sequences but offsets.npy holds {len(offsets) - 1}")
         return cls(
             tokens=np.load(folder / "tokens.npy", mmap_mode="r"),
             labels=np.load(folder / "labels.npy", mmap_mode="r"),
-            offsets=np.load(folder / "offsets.npy"),
-            prompt_lens=np.load(folder / "prompt_lens.npy"),
+            offsets=offsets[: n + 1],
+            prompt_lens=np.load(folder / "prompt_lens.npy")[:n],
             manifest=manifest,
         )
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename: a kill leaves the old file or the new one, never
+    half of one (every stage of data building and training resumes from such files)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
+    """`np.save` through a temporary file and a rename (see `_write_atomic`)."""
+    tmp = path.with_name(path.stem + ".tmp.npy")
+    np.save(tmp, array)
+    os.replace(tmp, path)
 
 
 def _id_dtype(vocab_size: int) -> np.dtype:
@@ -136,14 +159,26 @@ def sharegpt_exchanges(limit: int | None, skip: int = 0) -> Iterator[tuple[str, 
 
 def jsonl_exchanges(path: str, limit: int | None) -> Iterator[tuple[str, list[dict]]]:
     """`(id, messages)` from a jsonl of `{"prompt"}`/`{"messages"}` rows (a response appended by regeneration) or of
-    `{"messages": [..., {"role": "assistant"}]}` chats (kept as they are)."""
+    `{"messages": [..., {"role": "assistant"}]}` chats (kept as they are). A malformed row is a `ValueError` naming
+    its line."""
+    from .assets import _checked_message
+
     count = 0
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip() or (limit is not None and count >= limit):
                 continue
-            row = json.loads(line)
-            msgs = row["messages"] if "messages" in row else [{"role": "user", "content": row["prompt"]}]
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{where}: not valid JSON ({exc})") from None
+            if isinstance(row, dict) and isinstance(row.get("messages"), list) and row["messages"]:
+                msgs = [_checked_message(m, where) for m in row["messages"]]
+            elif isinstance(row, dict) and isinstance(row.get("prompt"), str):
+                msgs = [{"role": "user", "content": row["prompt"]}]
+            else:
+                raise ValueError(f'{where}: expected {{"prompt": str}} or {{"messages": [...]}} (a non-empty list)')
             count += 1
             yield str(row.get("id", f"{Path(path).stem}/{lineno}")), msgs
 
@@ -576,7 +611,8 @@ def regenerate(
     max_prompt: int,
 ) -> list[tuple[str, list[int], int]]:
     """Replace each exchange's response by the target's own (left-padded batches). Resumable: finished batches are
-    kept in `out/regen/<key>/part-XXXXX.json`, where the key hashes the prompts and the generation settings, so a
+    kept in `out/regen/<key>/part-XXXXX.json`, where the key hashes the prompts, the generation settings and the
+    target (its name and dtype), so a
     re-run of the same command resumes and any other prompt set (another source, `--extend`) never reuses them.
     Returns `(id, ids, prompt_len)`; sampling is seeded per batch."""
     from .assets import apply_chat_template
@@ -588,7 +624,7 @@ def regenerate(
         ids = apply_chat_template(tokenizer, msgs)
         if len(ids) <= max_prompt:
             prompts.append((ident, ids))
-    settings = [prompts, max_new_tokens, batch_size, do_sample, seed]
+    settings = [prompts, max_new_tokens, batch_size, do_sample, seed, target.config._name_or_path, str(target.dtype)]
     parts = out / "regen" / hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]
     parts.mkdir(parents=True, exist_ok=True)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -601,8 +637,11 @@ def regenerate(
     for b in range(n_batches):
         part = parts / f"part-{b:05d}.json"
         if part.exists():
-            results += [tuple(r) for r in json.loads(part.read_text())]
-            continue
+            try:
+                results += [tuple(r) for r in json.loads(part.read_text())]
+                continue
+            except json.JSONDecodeError:  # written by a version that wrote parts in place and was killed mid-write
+                print(f"[regen] {part} is incomplete: generating its batch again", flush=True)
         batch = prompts[b * batch_size : (b + 1) * batch_size]
         width = max(len(ids) for _, ids in batch)
         input_ids = torch.full((len(batch), width), pad, dtype=torch.long)
@@ -628,7 +667,7 @@ def regenerate(
                     break
             made += len(new)
             rows.append((ident, ids + new, len(ids)))
-        part.write_text(json.dumps(rows))
+        _write_atomic(part, json.dumps(rows))
         results += rows
         rate = made / max(time.time() - start, 1e-9)
         print(f"[regen] batch {b + 1}/{n_batches}: {made} new tokens, {rate:.0f} tok/s", flush=True)
@@ -642,13 +681,13 @@ def write_sequences(out: Path, sequences: list[tuple[str, list[int], int]], voca
     lengths = np.array([len(ids) for _, ids, _ in sequences], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     tokens = np.concatenate([np.asarray(ids, dtype=dtype) for _, ids, _ in sequences])
-    np.save(out / "tokens.npy", tokens)
-    np.save(out / "labels.npy", np.zeros_like(tokens))
-    np.save(out / "offsets.npy", offsets)
-    np.save(out / "prompt_lens.npy", np.array([p for _, _, p in sequences], dtype=np.int64))
+    _save_npy_atomic(out / "tokens.npy", tokens)
+    _save_npy_atomic(out / "labels.npy", np.zeros_like(tokens))
+    _save_npy_atomic(out / "offsets.npy", offsets)
+    _save_npy_atomic(out / "prompt_lens.npy", np.array([p for _, _, p in sequences], dtype=np.int64))
     manifest = dict(manifest, vocab_size=vocab_size, num_sequences=len(sequences), num_tokens=int(offsets[-1]),
                     num_labelled=0, ids=[i for i, _, _ in sequences])
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    _write_atomic(out / "manifest.json", json.dumps(manifest, indent=1))  # last: the dataset exists from here on
 
 
 def extend_sequences(out: Path, sequences: list[tuple[str, list[int], int]], record: dict) -> int:
@@ -660,18 +699,18 @@ def extend_sequences(out: Path, sequences: list[tuple[str, list[int], int]], rec
     if not new:
         return 0
     lengths = np.array([len(ids) for _, ids, _ in new], dtype=np.int64)
-    tokens = np.concatenate([np.asarray(ds.tokens), *[np.asarray(ids, dtype=ds.tokens.dtype) for _, ids, _ in new]])
-    labels = np.concatenate([np.asarray(ds.labels), np.zeros(int(lengths.sum()), dtype=ds.labels.dtype)])
+    end = int(ds.offsets[-1])  # the committed sequences (the arrays may hold more from an interrupted extension)
+    tokens = np.concatenate([np.asarray(ds.tokens[:end]), *[np.asarray(ids, dtype=ds.tokens.dtype) for _, ids, _ in new]])
+    labels = np.concatenate([np.asarray(ds.labels[:end]), np.zeros(int(lengths.sum()), dtype=ds.labels.dtype)])
     offsets = np.concatenate([ds.offsets, ds.offsets[-1] + np.cumsum(lengths)]).astype(np.int64)
     prompt_lens = np.concatenate([ds.prompt_lens, np.array([p for _, _, p in new], dtype=np.int64)])
     del ds.tokens, ds.labels  # release the memory maps before overwriting their files
     for name, array in (("tokens", tokens), ("labels", labels), ("offsets", offsets), ("prompt_lens", prompt_lens)):
-        np.save(out / f"{name}.tmp.npy", array)
-        os.replace(out / f"{name}.tmp.npy", out / f"{name}.npy")
+        _save_npy_atomic(out / f"{name}.npy", array)
     manifest = dict(ds.manifest, num_sequences=len(offsets) - 1, num_tokens=int(offsets[-1]))
     manifest["ids"] = ds.manifest["ids"] + [i for i, _, _ in new]
     manifest["extensions"] = ds.manifest.get("extensions", []) + [dict(record, sequences=len(new), tokens=int(lengths.sum()))]
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    _write_atomic(out / "manifest.json", json.dumps(manifest, indent=1))  # the commit point (see Dataset.load)
     return len(new)
 
 
@@ -705,7 +744,8 @@ class FeatureCache:
         if mode == "w" and not meta.exists():
             self.folder.mkdir(parents=True, exist_ok=True)
             np.lib.format.open_memmap(self.folder / "features.npy", mode="w+", dtype=np.uint16, shape=(num_tokens, width))
-            meta.write_text(json.dumps({"num_tokens": num_tokens, "width": width, "layer_ids": self.layer_ids, "num_done": 0}))
+            _write_atomic(meta, json.dumps({"num_tokens": num_tokens, "width": width, "layer_ids": self.layer_ids,
+                                            "num_done": 0}))
         info = json.loads(meta.read_text())
         if mode == "w" and info["layer_ids"] == self.layer_ids and info["width"] == width and info["num_tokens"] < num_tokens:
             self._grow(info, num_tokens)  # the dataset was extended: keep the rows already computed
@@ -724,7 +764,7 @@ class FeatureCache:
         new.flush()
         del new, old
         os.replace(tmp, self.folder / "features.npy")
-        (self.folder / "meta.json").write_text(json.dumps(dict(info, num_tokens=num_tokens)))
+        _write_atomic(self.folder / "meta.json", json.dumps(dict(info, num_tokens=num_tokens)))
 
     @property
     def num_done(self) -> int:
@@ -735,7 +775,7 @@ class FeatureCache:
         self.array.flush()
         meta = json.loads((self.folder / "meta.json").read_text())
         meta["num_done"] = n
-        (self.folder / "meta.json").write_text(json.dumps(meta))
+        _write_atomic(self.folder / "meta.json", json.dumps(meta))
 
     def write(self, start: int, feats: torch.Tensor) -> None:
         """feats: `[L, width]` for token rows `start..start+L-1`."""
@@ -797,7 +837,7 @@ def label_dataset(target: Any, folder: Path, *, layer_ids: list[int] | None, cac
         if cache is not None:
             cache.set_done(end)
         ds.manifest["num_labelled"] = max(end, labelled)
-        (folder / "manifest.json").write_text(json.dumps(ds.manifest, indent=1))
+        _write_atomic(folder / "manifest.json", json.dumps(ds.manifest, indent=1))
         rate = tokens_done / max(time.time() - start_time, 1e-9)
         print(f"[label] {end}/{ds.num_sequences} sequences, {tokens_done} tokens this run, {rate:.0f} tok/s", flush=True)
         if max_seconds is not None and time.time() - start_time > max_seconds:
@@ -882,6 +922,8 @@ def data_main(args: argparse.Namespace) -> int:
             "vocab_size": target.config.get_text_config().vocab_size,
         }
         write_sequences(out, seqs, manifest["vocab_size"], manifest)
+    else:
+        _check_resumed_dataset(args, Dataset.load(out).manifest, target.config.get_text_config().vocab_size)
     layer_ids = [int(x) for x in args.layer_ids.split(",")] if args.layer_ids else None
     if args.feature_cache and layer_ids is None:
         raise SystemExit("--feature-cache needs --layer-ids (the drafter's target_layer_ids)")
@@ -889,6 +931,27 @@ def data_main(args: argparse.Namespace) -> int:
                        max_batch_tokens=args.max_batch_tokens, max_seconds=args.max_seconds)
     print(f"[data] {out}: {ds.num_sequences} sequences, {int(ds.offsets[-1])} tokens, {ds.num_labelled} labelled")
     return 0
+
+
+def _check_resumed_dataset(args: argparse.Namespace, manifest: dict, vocab_size: int) -> None:
+    """`hf-xpress data` into an existing dataset (without `--extend`) resumes its labelling: refuse a target of
+    another vocabulary, and say which of this command's collection options the existing set ignores."""
+    out = args.out
+    if manifest.get("vocab_size", vocab_size) != vocab_size:
+        raise SystemExit(f"hf-xpress data: {out} holds a dataset for a {manifest['vocab_size']}-token vocabulary "
+                         f"(target {manifest.get('target')!r}), but --target {args.target!r} has {vocab_size} tokens")
+    if manifest.get("target", args.target) != args.target:
+        print(f"[data] warning: {out} was built with --target {manifest['target']!r}; its unlabelled sequences are "
+              f"now labelled by {args.target!r}", flush=True)
+    ignored = [f"--{k.replace('_', '-')} {getattr(args, k)!r} (the set has {manifest[k]!r})"
+               for k in ("seed", "max_len", "max_prompt", "num_prompts", "skip_prompts", "num_code",
+                         "num_functions", "num_maths", "num_chat")
+               if k in manifest and getattr(args, k, None) != manifest[k]]
+    if manifest.get("sources") not in (None, args.source):
+        ignored.insert(0, f"--source {args.source!r} (the set has {manifest['sources']!r})")
+    if ignored:
+        print(f"[data] {out} already holds a dataset: resuming its labelling; ignored: {'; '.join(ignored)} "
+              "(--extend adds sequences to it, another --out starts a new set)", flush=True)
 
 
 def add_data_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -913,7 +976,7 @@ def add_data_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16, help="regeneration batch")
     p.add_argument("--do-sample", action="store_true", help="seeded sampling instead of greedy regeneration")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="float32",
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="target dtype for labelling / regeneration (bfloat16: ~3x faster on CPUs with AMX, labels "
                         "differ from float32's only at near-ties)")
     p.add_argument("--extend", action="store_true",
@@ -1511,9 +1574,18 @@ class Trainer:
                              f"{cfg.refiner_weight_decay}")
         if cfg.max_sequences is not None and cfg.max_sequences < 1:
             raise ValueError(f"max_sequences must be a positive number of sequences, got {cfg.max_sequences}")
+        if cfg.heldout_every < 2 or cfg.heldout_seqs < 1:
+            raise ValueError(f"heldout_every must be >= 2 and heldout_seqs >= 1 (every heldout_every-th sequence is held "
+                             f"out), got {cfg.heldout_every} / {cfg.heldout_seqs}")
         # A prefix of the labelled set: a data-volume ablation, or what a partly rebuilt feature cache covers.
         self.num_sequences, self.train_ids, heldout = training_split(self.data.num_labelled, cfg.max_sequences,
                                                                      cfg.heldout_every)
+        if not self.train_ids or not heldout:
+            raise ValueError(
+                f"{cfg.data}: {self.data.num_labelled} of {self.data.num_sequences} sequences are labelled, "
+                f"{self.num_sequences} used: too few for a training and a held-out split (every {cfg.heldout_every}-th "
+                f"is held out). Label them with `hf-xpress data` (it resumes) or lower --heldout-every."
+            )
         self.heldout = heldout[: cfg.heldout_seqs]
         self.vocab = self._training_vocabulary(self.target.config.get_text_config().vocab_size)
         self.drafter = self._build_drafter()
@@ -1742,35 +1814,70 @@ class Trainer:
 
     # ---- checkpoints ----------------------------------------------------------------------------------------------
 
+    # Settings a resumed run may change: where things are, how long it runs, how often it reports. Every other field
+    # shapes the model, the data order or the optimizer, whose state the checkpoint holds.
+    RESUMABLE_CHANGES = frozenset({"out", "feature_cache", "threads", "max_steps", "max_seconds", "stop_after_steps",
+                                   "eval_every", "save_every"})
+
     def save_checkpoint(self) -> None:
-        """Model, optimizer, scheduler, RNG (accelerate's `save_state`) + data position and history, atomically."""
-        final = self.out / "checkpoint"
-        tmp = self.out / "checkpoint.tmp"
+        """Model, optimizer, scheduler, RNG (accelerate's `save_state`) + data position and history, atomically.
+
+        The new state is written to `checkpoint.tmp` (complete once its `trainer_state.json` exists), then the
+        previous `checkpoint` is moved aside to `checkpoint.old` and the new one moved in; a kill at any point leaves
+        one complete checkpoint that `load_checkpoint` finds."""
+        import shutil
+
+        final, tmp, old = (self.out / name for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+        self.accel.wait_for_everyone()
+        if self.accel.is_main_process and tmp.exists():  # a save killed before it completed
+            shutil.rmtree(tmp)
         self.accel.wait_for_everyone()
         self.accel.save_state(str(tmp))
         if self.accel.is_main_process:
-            (tmp / "trainer_state.json").write_text(json.dumps({"state": self.state, "history": self.history,
-                                                                "config": asdict(self.cfg),
-                                                                "earlier_runs": self.earlier_runs}, indent=1))
-            old = self.out / "checkpoint.old"
+            _write_atomic(tmp / "trainer_state.json", json.dumps({"state": self.state, "history": self.history,
+                                                                  "config": asdict(self.cfg),
+                                                                  "earlier_runs": self.earlier_runs}, indent=1))
             if final.exists():
+                if old.exists():  # left by a save killed while removing it
+                    shutil.rmtree(old)
                 os.replace(final, old)
             os.replace(tmp, final)
             if old.exists():
-                import shutil
-
                 shutil.rmtree(old)
         self.accel.wait_for_everyone()
 
+    def latest_checkpoint(self) -> Path | None:
+        """The newest complete checkpoint folder: `checkpoint`, or where a save was killed between its renames, the
+        finished `checkpoint.tmp` or the previous `checkpoint.old`; None when there is none."""
+        for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"):
+            if (self.out / name / "trainer_state.json").exists():
+                return self.out / name
+        return None
+
     def load_checkpoint(self) -> bool:
-        final = self.out / "checkpoint"
-        if not (final / "trainer_state.json").exists():
+        folder = self.latest_checkpoint()
+        if folder is None:
             return False
-        self.accel.load_state(str(final))
-        saved = json.loads((final / "trainer_state.json").read_text())
+        saved = json.loads((folder / "trainer_state.json").read_text())
+        self._check_resumable(saved.get("config", {}), folder)
+        self.accel.load_state(str(folder))
         self.state, self.history = saved["state"], saved["history"]
         self.earlier_runs = saved.get("earlier_runs", self.earlier_runs)
         return True
+
+    def _check_resumable(self, saved: dict, folder: Path) -> None:
+        """Refuse to resume `folder` with settings that differ from the ones it was trained with (other than
+        `RESUMABLE_CHANGES`): the checkpoint's optimizer state would silently override a new lr, and a new model
+        shape would fail deep inside the state loading."""
+        defaults = asdict(TrainConfig())
+        now = asdict(self.cfg)
+        changed = [f"{k}: {saved.get(k, defaults[k])!r} -> {now[k]!r}" for k in now
+                   if k not in self.RESUMABLE_CHANGES and saved.get(k, defaults[k]) != now[k]]
+        if changed:
+            raise ValueError(
+                f"{folder} was trained with other settings ({'; '.join(changed)}). Resume with the run's own settings, "
+                f"or start a new run in another --out (--init-drafter continues from a saved drafter's weights)."
+            )
 
     def save_drafter(self, folder: Path) -> None:
         """`save_pretrained` as bf16 safetensors (no optimizer state), LoRA merged."""
@@ -1793,6 +1900,10 @@ class Trainer:
         cfg = self.cfg
         self.out.mkdir(parents=True, exist_ok=True)
         resumed = self.load_checkpoint()
+        here = self._device_description()
+        if self.state.get("device") not in (None, here) and not self.state["device"].endswith(here):
+            here = f"{self.state['device']}, then {here}"  # resumed somewhere else
+        self.state["device"] = here
         log = open(self.out / "log.jsonl", "a")
         print(f"[train] {'resumed at' if resumed else 'starting'} step {self.state['step']}/{cfg.max_steps}; "
               f"{len(self.train_ids)} train / {len(self.heldout)} held-out sequences; drafter "
@@ -1826,6 +1937,14 @@ class Trainer:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
         return self.state
+
+    def _device_description(self) -> str:
+        """Where this process trains, in the model card's words: e.g. "2 x NVIDIA H200" or "1 CPU thread"."""
+        n = self.accel.num_processes
+        if self.accel.device.type == "cuda":
+            return f"{n} x {torch.cuda.get_device_name(self.accel.device)}"
+        threads = torch.get_num_threads()
+        return f"{n} x " * (n > 1) + f"{threads} CPU thread{'s' if threads != 1 else ''}"
 
     def _log_eval(self, log) -> None:
         ev = self.evaluate()
@@ -1987,26 +2106,35 @@ def tau_main(args: argparse.Namespace) -> int:
     `--drafter` only compute the plain greedy outputs once for several drafter runs to share."""
     from .assets import load_target
 
+    if args.drafter is not None and not args.out:
+        raise SystemExit("hf-xpress tau: --drafter needs --out FILE (where the measurement is written)")
+    if args.drafter is None and not args.reference:
+        raise SystemExit("hf-xpress tau: give --drafter (and --out) to measure, or --reference FILE to compute the "
+                         "plain greedy outputs only")
+    if args.tree_budget and not args.tree:
+        raise SystemExit("--tree-budget needs --tree W (the dynamic tree's expansion width)")
     if args.threads:
         torch.set_num_threads(args.threads)
+    settings = {"target": args.target, "max_new_tokens": args.max_new_tokens, "skip": args.skip}
+    reference = None
+    if args.reference and Path(args.reference).exists():  # before loading any model: a mismatch fails fast
+        reference = json.loads(Path(args.reference).read_text())
+        made = reference.get("_settings")  # absent in files written before it was recorded
+        if made is not None and made != settings:
+            raise SystemExit(f"hf-xpress tau: {args.reference} holds plain greedy outputs for {made}, not {settings}; "
+                             "pass another --reference file")
     target, tokenizer = load_target(args.target, dtype=torch.float32)
     sets = args.sets.split(",")
-    reference = None
-    if args.reference:
-        ref_path = Path(args.reference)
-        if ref_path.exists():
-            reference = json.loads(ref_path.read_text())
-        elif args.drafter is None:
-            reference = greedy_reference(target, tokenizer, sets, args.limit, args.max_new_tokens, args.skip)
-            ref_path.parent.mkdir(parents=True, exist_ok=True)
-            ref_path.write_text(json.dumps(reference))
+    if args.reference and reference is None:
+        reference = greedy_reference(target, tokenizer, sets, args.limit, args.max_new_tokens, args.skip)
+        reference["_settings"] = settings
+        Path(args.reference).parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(Path(args.reference), json.dumps(reference))
     if args.drafter is None:
         return 0
     drafter = XPressDrafterModel.from_pretrained(args.drafter, dtype=torch.float32).eval()
     passes = [] if args.passes is None else [f"jacobi_passes={args.passes}"]
     apply_inference_settings(drafter.config, passes + (args.set or []))
-    if args.tree_budget and not args.tree:
-        raise SystemExit("--tree-budget needs --tree W (the dynamic tree's expansion width)")
     res = measure_tau(target, tokenizer, drafter, sets, args.limit, args.max_new_tokens, reference, args.tree,
                       args.tree_budget, args.lookup, args.skip)
     c = drafter.config  # every inference setting the figures depend on (the drafter's own defaults are used)
@@ -2029,7 +2157,8 @@ def add_tau_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("tau", help="measure a drafter's acceptance length with real speculative decoding")
     p.add_argument("--target", default="smollm2-135m-instruct")
     p.add_argument("--drafter", default=None)
-    p.add_argument("--reference", default=None, help="json of plain greedy outputs: read if present, else written")
+    p.add_argument("--reference", default=None, help="json of plain greedy outputs: read if present (it must be for "
+                   "the same --target, --max-new-tokens and --skip), else computed and written")
     p.add_argument("--sets", default="humaneval,mtbench,math500")
     p.add_argument("--limit", type=int, default=10)
     p.add_argument("--skip", type=int, default=0, metavar="N",
@@ -2046,7 +2175,7 @@ def add_tau_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--lookup", type=int, default=None, metavar="N", help="prompt lookup's N drafts per round too: "
                    "with --tree a branch of the tree (lookup_branch), else tried first; tau is then the method's")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--out", default=None)
+    p.add_argument("--out", default=None, help="json file for the measurement (needed with --drafter)")
     p.set_defaults(func=tau_main)
     return p
 
@@ -2088,6 +2217,15 @@ def earlier_runs(init_drafter: str | None) -> list[dict]:
     return prev.get("earlier_runs", []) + [run]
 
 
+def _training_device(cfg: dict, state: dict) -> str:
+    """Where a run trained, as the model card says it: recorded by the trainer since it records it; earlier runs were
+    all on this project's CPU machines, at their `threads` setting."""
+    if "device" in state:
+        return state["device"]
+    threads = cfg.get("threads")
+    return f"{threads} shared CPU thread{'s' if threads != 1 else ''}" if threads else "CPU"
+
+
 def _regularisation(cfg: dict) -> str:
     """The run's weight decay (and the refiner's own, and its dropout, where set), for the model card."""
     text = f"weight decay {cfg.get('weight_decay', 0.01)}"
@@ -2126,16 +2264,43 @@ def _warm_start_line(cfg: dict, state: dict, earlier: list[dict] | None = None) 
 
 def ship_main(args: argparse.Namespace) -> int:
     """`python -m hf_xpress.training ship`: copy `RUN/<checkpoint>` to `--out` and write its model card from the
-    run's history, the dataset manifest and the tau measurements (`--tau name=results.json`, one per drafter)."""
+    run's history, the dataset manifest and the tau measurements (`--tau name=results.json`, one per drafter).
+
+    The new folder is built next to `--out` and swapped in at the end, so a failure (a bad `--set`, a missing tau file)
+    leaves an existing `--out` as it was."""
     import shutil
 
-    from .hub import write_model_card
-
-    run, out = Path(args.run), Path(args.out)
+    run, final_out = Path(args.run), Path(args.out)
     src = run / args.checkpoint
+    if not (src / "config.json").exists():
+        saved = sorted(p.name for p in run.glob("*") if (p / "config.json").exists()) if run.is_dir() else []
+        raise SystemExit(f"ship: {src} is not a saved drafter (the run's saved drafters: {', '.join(saved) or 'none'})")
+    if src.resolve().is_relative_to(final_out.resolve()):
+        raise SystemExit(f"ship: --out {final_out} holds the run's checkpoint {src}; ship to another folder")
+    out = final_out.with_name(final_out.name + ".tmp")
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(src, out)
+    try:
+        _ship_card(args, run, out, final_out.name)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    old = final_out.with_name(final_out.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if final_out.exists():
+        os.replace(final_out, old)
+    os.replace(out, final_out)
+    shutil.rmtree(old, ignore_errors=True)
+    print(f"[ship] {final_out}: {sum(f.stat().st_size for f in final_out.iterdir()) / 1e6:.1f} MB")
+    return 0
+
+
+def _ship_card(args: argparse.Namespace, run: Path, out: Path, name: str) -> None:
+    """Apply `--set` / `--draft-vocab` to the copied drafter in `out` and write its model card (as folder `name`)."""
+    from .hub import write_model_card
+
     inference = _set_inference_defaults(out, args.set or [])
     saved = json.loads((out / "training_history.json").read_text())
     shipped_step = saved["state"]["step"]
@@ -2144,6 +2309,9 @@ def ship_main(args: argparse.Namespace) -> int:
         saved = json.loads(whole_run.read_text())
     cfg, state, history = saved["config"], saved["state"], saved["history"]
     inference += _set_draft_vocab(out, getattr(args, "draft_vocab", "keep"), cfg)
+    if not (Path(cfg["data"]) / "manifest.json").exists():
+        raise SystemExit(f"ship: the run's dataset {cfg['data']!r} is not here (a relative path is read from the "
+                         f"directory training ran in; run ship from there)")
     manifest = json.loads((Path(cfg["data"]) / "manifest.json").read_text())
     data = Dataset.load(cfg["data"])
     used, _, heldout = training_split(data.num_labelled, cfg.get("max_sequences"), cfg["heldout_every"])
@@ -2189,8 +2357,8 @@ Trained with `hf-xpress train` (see `scripts/` and `docs/training.md` in the hf-
   refiner's output rows for other tokens are zero). Inference uses the full vocabulary (`refiner_shortlist`, if set
   below, only limits the refiner's correction to the drafter's top candidates).
 - **Budget**: {state['step']} steps x {cfg['batch_size']} sequences x {cfg['anchors_per_seq']} anchors = {state['blocks']} blocks{f" (losses on slots 1..{cfg['loss_slots']} of each)" if cfg.get('loss_slots') else ''},
-  {state['tokens']} training tokens (target tokens read), {state['train_seconds'] / 60:.1f} minutes of training on 1 shared CPU
-  thread ({cfg['mixed_precision']} autocast); AdamW lr {cfg['lr']}, {_regularisation(cfg)}, cosine, {cfg['warmup']:.0%} warm-up, clip {cfg['clip']}; {state['skipped']} skipped steps.
+  {state['tokens']} training tokens (target tokens read), {state['train_seconds'] / 60:.1f} minutes of training on {_training_device(cfg, state)}
+  ({cfg['mixed_precision']} autocast); AdamW lr {cfg['lr']}, {_regularisation(cfg)}, cosine, {cfg['warmup']:.0%} warm-up, clip {cfg['clip']}; {state['skipped']} skipped steps.
 {_warm_start_line(cfg, state, saved.get("earlier_runs"))}{inference}- **Shipped checkpoint**: `{args.checkpoint}`, step {shipped_step}{f" (best held-out tau_est of the run: {best['tau_est']:.3f} at step {best['step']})" if best else ''}.
 
 Learning curve (held-out: loss on the training vocabulary; per-slot greedy acceptance of the inference-time drafts,
@@ -2209,10 +2377,8 @@ correct drafts):
                       "with (" + "; ".join(settings) + "). Outputs identical to plain greedy `generate`: "
                       + "; ".join(identical) + ".")
     write_model_card(out, target=target_name,
-                     repo_id=f"hf-xpress/{out.name}", training=training, results=results_md,
+                     repo_id=f"hf-xpress/{name}", training=training, results=results_md,
                      limitations=args.limitations)
-    print(f"[ship] {out}: {sum(f.stat().st_size for f in out.iterdir()) / 1e6:.1f} MB")
-    return 0
 
 
 SOURCE_DESCRIPTIONS = {

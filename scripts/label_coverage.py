@@ -49,6 +49,8 @@ def main() -> None:
         seen = seen_labels(ds, n)
         shares = []
         for name, outputs in reference.items():
+            if name.startswith("_"):  # "_settings": what the file was computed for
+                continue
             tokens = [t for out in outputs.values() for t in out]
             shares.append(f"{name} {sum(t not in seen for t in tokens) / len(tokens):.1%} of {len(tokens)}")
         print(f"{n} sequences ({len(seen)} distinct labels): " + ", ".join(shares))

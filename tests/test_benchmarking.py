@@ -457,3 +457,11 @@ def test_metric_module_loads_offline_and_matches_hand_values(monkeypatch):
     assert math.isnan(metric.compute(accepted=[], block_size=16)["tau"])
     with pytest.raises(ValueError, match="0..3"):
         metric.compute(accepted=[4], block_size=4)
+
+
+def test_bench_rejects_bad_method_lists_before_loading_any_model(tmp_path, capsys):
+    missing = str(tmp_path / "no-such-target")  # loading it would fail: the list errors must come first
+    assert cli_main(["bench", "--target", missing, "--early-stop", "maybe"]) == 2
+    assert "hf-xpress bench: error: --early-stop takes on,off (got 'maybe')" in capsys.readouterr().err
+    assert cli_main(["bench", "--target", missing, "--tree-temperature", "0"]) == 2
+    assert "--tree-temperature takes positive numbers or none" in capsys.readouterr().err

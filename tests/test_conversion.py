@@ -683,6 +683,22 @@ def test_cli_convert_and_export(tmp_path, capsys):
     assert json.loads((tmp_path / "vllm" / "config.json").read_text())["xpress_num_passes"] == 5
 
 
+def test_dtype_names_and_cli_errors(tmp_path, capsys):
+    assert cv._dtype("fp16", torch.float32) is torch.float16 and cv._dtype("bf16", torch.float32) is torch.bfloat16
+    assert cv._dtype("torch.float32", torch.bfloat16) is torch.float32 and cv._dtype("auto", torch.bfloat16) is torch.bfloat16
+    with pytest.raises(cv.ConversionError, match="dtype 'Size' is not one of float32"):
+        cv._dtype("Size", torch.float32)
+    from hf_xpress.cli import main
+
+    # bad input through the command line: one line naming the problem, exit status 2, no traceback
+    assert main(["convert", str(tmp_path / "missing"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hf-xpress convert: error: ") and "missing does not exist" in err and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        main(["convert", str(tmp_path / "missing"), str(tmp_path / "out"), "--dtype", "Size"])
+    assert "invalid choice: 'Size'" in capsys.readouterr().err
+
+
 # ---- corrupt and foreign checkpoints -------------------------------------------------------------------------------
 
 
@@ -753,6 +769,11 @@ def test_foreign_and_corrupt_folders_are_refused(tmp_path, target):
     (broken / "config.json").write_text("{ not json")
     with pytest.raises(cv.ConversionError, match="not valid JSON"):
         cv.load_dflash(broken)
+    pickled = write_zlab(tmp_path / "pickled")  # a pytorch_model.bin that pickles objects: refused, never executed
+    (pickled / "model.safetensors").unlink()
+    torch.save({"w": torch.zeros(1), "when": datetime.datetime(2026, 1, 1)}, pickled / "pytorch_model.bin")
+    with pytest.raises(cv.ConversionError, match="Refusing to load .*pytorch_model.bin: it pickles Python objects"):
+        cv.load_dflash(pickled)
     sinks = write_zlab(tmp_path / "sinks", dflash_config={"mask_token_id": MASK, "target_layer_ids": IDS, "attention_sink_bias": True})
     with pytest.raises(cv.ConversionError, match="attention_sink_bias"):
         cv.load_dflash(sinks)

@@ -252,6 +252,17 @@ def test_push_to_hub_uploads_exactly_the_published_folder(published, monkeypatch
         assert calls["files"][name] == data, name
     # a repo id is recognised as such; an existing or explicit path is a folder
     assert hub._is_repo_id(REPO_ID) and not hub._is_repo_id(str(local)) and not hub._is_repo_id("./a/b")
+    monkeypatch.chdir(local.parent)  # a new folder inside an existing one is a folder, never an upload
+    assert not hub._is_repo_id(f"{local.name}/new-drafter") and hub._is_repo_id("someone/new-drafter")
+    calls.clear()
+    where = hub.publish(published["drafter"], f"{local.name}/new-drafter", target="tiny/Qwen3-tiny")
+    assert calls == {} and (local / "new-drafter" / "config.json").exists() and Path(where) == Path(local.name) / "new-drafter"
+
+
+def test_hub_module_exports_what_it_names():
+    namespace: dict = {}
+    exec("from hf_xpress.hub import *", namespace)
+    assert {"publish", "push_to_hub", "write_model_card"} <= namespace.keys()
 
 
 def test_custom_generate_without_a_drafter_is_a_clear_error(published, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -424,6 +425,66 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
     assert loaded.dtype == torch.bfloat16 and loaded.config.refiner == "xpress"
 
 
+def test_a_save_killed_at_any_point_still_resumes(tmp_path):
+    """save_checkpoint writes checkpoint.tmp, moves checkpoint to checkpoint.old, then tmp into place: whatever a kill
+    leaves behind, the next process resumes from the newest complete checkpoint and can save again."""
+    import shutil
+
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target)
+    out = tmp_path / "run"
+    T.Trainer(_cfg(data, out, stop_after_steps=3), target=target).run()
+    ckpt, tmp, old = out / "checkpoint", out / "checkpoint.tmp", out / "checkpoint.old"
+
+    def fresh() -> T.Trainer:
+        trainer = T.Trainer(_cfg(data, out), target=target)
+        assert trainer.load_checkpoint() and trainer.state["step"] == 3
+        return trainer
+
+    os.replace(ckpt, old)  # killed between the two renames, the new state not complete yet
+    tmp.mkdir()
+    (tmp / "model.safetensors").write_bytes(b"half")
+    fresh().save_checkpoint()
+    assert sorted(p.name for p in out.glob("checkpoint*")) == ["checkpoint"]
+
+    shutil.copytree(ckpt, old)  # killed while removing the previous checkpoint: a non-empty checkpoint.old is left
+    fresh().save_checkpoint()
+    assert sorted(p.name for p in out.glob("checkpoint*")) == ["checkpoint"]
+
+    os.replace(ckpt, tmp)  # killed after moving the old one away: the complete new state is still checkpoint.tmp
+    trainer = fresh()
+    trainer.run()
+    assert trainer.state["step"] == 6 and (out / "final" / "config.json").exists()
+
+
+def test_resume_refuses_other_settings_but_may_run_longer(tmp_path):
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target)
+    out = tmp_path / "run"
+    T.Trainer(_cfg(data, out, stop_after_steps=3), target=target).run()
+    with pytest.raises(ValueError, match=r"trained with other settings \(layers: 1 -> 2; lr: 0.003 -> 0.01\)"):
+        T.Trainer(_cfg(data, out, lr=1e-2, layers=2), target=target).run()
+    longer = T.Trainer(_cfg(data, out, max_steps=8, eval_every=4), target=target)  # where and how long: allowed
+    longer.run()
+    assert longer.state["step"] == 8
+    assert longer.state["device"] == f"{torch.get_num_threads()} CPU thread" + "s" * (torch.get_num_threads() != 1)
+
+
+def test_trainer_refuses_a_dataset_too_small_to_split(tmp_path):
+    target = tiny_llama()
+    data = tmp_path / "data"
+    T.write_sequences(data, [(f"s{i}", [5, 6, 7] * 8, 2) for i in range(12)], V, {"sources": "test"})  # unlabelled
+    with pytest.raises(ValueError, match="0 of 12 sequences are labelled.*Label them with `hf-xpress data`"):
+        T.Trainer(_cfg(data, tmp_path / "run"), target=target)
+    T.label_dataset(target, data, layer_ids=None, cache_dir=None, chunk=8, max_batch_tokens=256)
+    with pytest.raises(ValueError, match="heldout_every must be >= 2"):
+        T.Trainer(_cfg(data, tmp_path / "run", heldout_every=0), target=target)
+    with pytest.raises(ValueError, match="too few for a training and a held-out split"):
+        T.Trainer(_cfg(data, tmp_path / "run", max_sequences=1), target=target)
+
+
 def test_trainer_can_train_the_first_slots_only(tmp_path):
     target, data, parser = _tiny_training_setup(tmp_path)
     assert parser.parse_args(["--loss-slots", "2"]).loss_slots == 2 and parser.parse_args([]).loss_slots is None
@@ -575,6 +636,62 @@ def test_extend_appends_unlabelled_sequences_and_a_rebuilt_cache_keeps_the_label
                                torch.cat([feats[0], final[0]], -1), atol=0.05, rtol=0.02)
 
 
+def test_an_interrupted_extension_is_not_half_committed(tmp_path):
+    """manifest.json is the commit point: arrays grown by an --extend killed before its manifest are read only as far
+    as the manifest says, and the same --extend run again appends its sequences once."""
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target, num_seqs=6)
+    committed = (data / "manifest.json").read_text()
+    new = [("n1", [7, 8, 9] * 10, 3), ("n2", [11, 12] * 9, 2)]
+    T.extend_sequences(data, new, {"sources": "more"})
+    (data / "manifest.json").write_text(committed)  # the kill: arrays replaced, manifest not yet
+    ds = T.Dataset.load(data)
+    assert ds.num_sequences == 6 and len(ds.prompt_lens) == 6
+    assert T.extend_sequences(data, new, {"sources": "more"}) == 2
+    ds = T.Dataset.load(data)
+    assert ds.num_sequences == 8 and len(ds.offsets) == 9 and int(ds.offsets[-1]) == len(np.load(data / "tokens.npy"))
+    assert ds.manifest["ids"][-2:] == ["n1", "n2"] and list(ds.sequence(7)[0]) == [11, 12] * 9
+    (data / "manifest.json").write_text(json.dumps(dict(json.loads(committed), num_sequences=99)))
+    with pytest.raises(ValueError, match="manifest.json lists 99 sequences but offsets.npy holds 8"):
+        T.Dataset.load(data)
+    with pytest.raises(FileNotFoundError, match="no dataset here"):
+        T.Dataset.load(tmp_path / "nowhere")
+
+
+def test_data_into_an_existing_dataset_names_what_it_ignores(tmp_path, capsys):
+    manifest = {"target": "smollm2-135m-instruct", "sources": "sharegpt,stdlib", "seed": 0, "num_prompts": 1500,
+                "vocab_size": V}
+    args = argparse.Namespace(out="data/x", target="smollm2-135m-instruct", source="regen-sharegpt", seed=0,
+                              num_prompts=100, max_len=512)
+    T._check_resumed_dataset(args, manifest, V)
+    said = capsys.readouterr().out
+    assert "resuming its labelling; ignored: --source 'regen-sharegpt' (the set has 'sharegpt,stdlib'); " in said
+    assert "--num-prompts 100 (the set has 1500)" in said and "--seed" not in said
+    T._check_resumed_dataset(argparse.Namespace(**{**vars(args), "source": "sharegpt,stdlib", "num_prompts": 1500}),
+                             manifest, V)
+    assert capsys.readouterr().out == ""  # the same command: nothing to say
+    with pytest.raises(SystemExit, match="a dataset for a 128-token vocabulary .* has 129 tokens"):
+        T._check_resumed_dataset(args, manifest, V + 1)
+
+
+def test_jsonl_rows_are_checked_with_their_line(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"prompt": "hi"}\n\n{"messages": [{"role": "user", "content": "a"}, '
+                    '{"role": "assistant", "content": "b"}]}\n{"text": "no prompt"}\n')
+    rows = T.jsonl_exchanges(str(path), None)
+    assert next(rows) == ("rows/1", [{"role": "user", "content": "hi"}])
+    assert next(rows)[1][-1] == {"role": "assistant", "content": "b"}
+    with pytest.raises(ValueError, match=r"rows.jsonl:4: expected \{"):
+        next(rows)
+    path.write_text('{"messages": [{"role": "robot", "content": "a"}]}\n')
+    with pytest.raises(ValueError, match="rows.jsonl:1: each message needs a role"):
+        list(T.jsonl_exchanges(str(path), None))
+    path.write_text('{"prompt": \n')
+    with pytest.raises(ValueError, match="rows.jsonl:1: not valid JSON"):
+        list(T.jsonl_exchanges(str(path), None))
+
+
 def test_data_command_writes_a_dataset_that_loads(tmp_path):
     class Tok:  # minimal chat tokenizer: one id per character
         chat_template = "x"
@@ -614,6 +731,10 @@ def test_data_command_writes_a_dataset_that_loads(tmp_path):
     target.generate = None
     assert T.collect_sequences(regen, target, Tok(), tmp_path / "regen") == seqs
     target.generate = generate
+    part = sorted((tmp_path / "regen" / "regen").glob("*/part-*.json"))[0]
+    part.write_text(part.read_text()[:20])  # a part written in place by an older version and cut by a kill
+    assert T.collect_sequences(regen, target, Tok(), tmp_path / "regen") == seqs  # that batch generated again
+    assert json.loads(part.read_text())
     other = tmp_path / "other.jsonl"
     other.write_text("\n".join(json.dumps({"prompt": f"another question {i}"}) for i in range(3)))
     more = T.collect_sequences(argparse.Namespace(**{**vars(args), "source": f"regen-jsonl:{other}"}), target, Tok(),
@@ -760,6 +881,14 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
     bad = argparse.Namespace(**{**vars(args), "set": ["num_assistant_tokens=99"]})
     with pytest.raises(ValueError, match="num_assistant_tokens must be None or in"):
         T.ship_main(bad)
+    # a failed ship leaves the shipped folder as it was, and nothing beside it
+    assert (out / "README.md").read_text() == card and XPressDrafterModel.from_pretrained(out).config.refiner_shortlist == 64
+    assert sorted(p.name for p in tmp_path.glob("shipped*")) == ["shipped"]
+    with pytest.raises(SystemExit, match=r"run/last is not a saved drafter \(the run's saved drafters: best, final\)"):
+        T.ship_main(argparse.Namespace(**{**vars(args), "checkpoint": "last"}))
+    with pytest.raises(SystemExit, match="holds the run's checkpoint"):
+        T.ship_main(argparse.Namespace(**{**vars(args), "out": str(tmp_path / "run")}))
+    assert (out / "README.md").read_text() == card and (tmp_path / "run" / "best" / "config.json").exists()
 
 
 def test_train_neighbours_are_the_training_sequences_right_after_the_held_out_ones():
@@ -952,6 +1081,27 @@ def test_tau_set_overrides_inference_settings_with_clear_errors():
     parser = argparse.ArgumentParser()
     T.add_tau_parser(parser.add_subparsers())
     assert parser.parse_args(["tau", "--set", "num_assistant_tokens=15"]).set == ["num_assistant_tokens=15"]
+
+
+def test_tau_command_checks_its_arguments_before_loading_anything(tmp_path, monkeypatch):
+    from hf_xpress import assets
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(assets, "load_target", no_loading)
+    parser = argparse.ArgumentParser()
+    T.add_tau_parser(parser.add_subparsers())
+    with pytest.raises(SystemExit, match="--drafter needs --out FILE"):
+        T.tau_main(parser.parse_args(["tau", "--drafter", "drafters/x"]))
+    with pytest.raises(SystemExit, match="give --drafter"):
+        T.tau_main(parser.parse_args(["tau"]))
+    ref = tmp_path / "ref.json"
+    ref.write_text(json.dumps({"_settings": {"target": "smollm2-135m-instruct", "max_new_tokens": 128, "skip": 0},
+                               "humaneval": {}}))
+    with pytest.raises(SystemExit, match="holds plain greedy outputs for .*'max_new_tokens': 128.* not .*256"):
+        T.tau_main(parser.parse_args(["tau", "--reference", str(ref), "--max-new-tokens", "256", "--drafter", "d",
+                                      "--out", str(tmp_path / "tau.json")]))
 
 
 def test_measure_tau_is_lossless_and_pools_rounds(monkeypatch):

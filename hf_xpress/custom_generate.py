@@ -13,12 +13,15 @@ the repository this file was published in. `jacobi_passes=` overrides K for the 
 own assisted decoding with `XPressCandidateGenerator`, installed for this one call on this one model; with
 `tree_width=W`, tree verification of W slot-1 branches (`tree_decoding.py`, copied next to this file), and with
 `tree_budget=N` too, of a dynamic tree of the drafter's N most probable draft nodes; `lookup_branch=True` (with
-`prompt_lookup_num_tokens`) adds prompt lookup's continuation to the tree as a branch.
+`prompt_lookup_num_tokens`) adds prompt lookup's continuation to the tree as a branch; a `streamer` and
+`stop_strings` (with `tokenizer`) work on both paths.
 """
 
 from __future__ import annotations
 
 import types
+
+from transformers import StopStringCriteria, StoppingCriteriaList
 
 from .generation import XPressCandidateGenerator, is_xpress_drafter
 from .modeling_xpress import XPressDrafterModel
@@ -57,6 +60,16 @@ def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_pas
     if tree_width is not None:
         if jacobi_passes is not None:
             raise ValueError("jacobi_passes has no effect with tree_width: a tree reads the refiner once per slot.")
+        # generate() hands a custom_generate callable neither `streamer` nor `tokenizer`: pass them on as
+        # tree_decoding takes them (its streamer argument; stop strings as a stopping criterion).
+        if kwargs.get("streamer") is not None:
+            kwargs["tree_streamer"] = kwargs.pop("streamer")
+        if kwargs.get("stop_strings"):
+            if kwargs.get("tokenizer") is None:
+                raise ValueError("stop_strings need the target's tokenizer: pass tokenizer= to generate.")
+            stop = StopStringCriteria(kwargs["tokenizer"], kwargs.pop("stop_strings"))
+            kwargs["stopping_criteria"] = StoppingCriteriaList([*(kwargs.get("stopping_criteria") or []), stop])
+        kwargs.pop("tokenizer", None)
         return type(model).generate(model, *args, custom_generate=tree_decoding, drafter=drafter,
                                     tree_width=int(tree_width), tree_budget=tree_budget, lookup_branch=lookup_branch,
                                     **kwargs)

@@ -39,9 +39,12 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
     TypicalLogitsWarper,
 )
+from transformers.utils import logging
 
 from .configuration_xpress import XPressDrafterConfig
 from .modeling_xpress import check_compatible
+
+logger = logging.get_logger(__name__)
 
 
 # Processors that look only at the scores, not at the tokens before them: applied to all slots in one call.
@@ -137,7 +140,6 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         # Drafts per round and where they end: the drafter's settings, as transformers reads a classic assistant's
         # from `assistant_model.generation_config` (generate() fills the target's with defaults, so a value there
         # cannot tell a user's choice from the default).
-        self.needs_logits = self.do_sample or getattr(generation_config, "assistant_ensemble_weight", None) is not None
         self.schedule = self.config.num_assistant_tokens_schedule
         self.confidence_threshold = float(self.config.assistant_confidence_threshold)
         cap = self.config.num_assistant_tokens
@@ -149,6 +151,12 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             if tokenizer is None:
                 raise ValueError("stop_strings need the target's tokenizer: pass tokenizer= to generate.")
             self.stop = StopStringCriteria(tokenizer, generation_config.stop_strings)
+        # Sampling verifies drafts against their logits (rejection sampling) only while which drafts are submitted does
+        # not depend on their own values. Cutting drafts before a stop string does (a draft is dropped because of what
+        # it is), which would skew the output; with stop strings transformers instead samples the target and keeps the
+        # drafts that match: exact however drafts are cut. Greedy verification compares tokens only.
+        ensemble = getattr(generation_config, "assistant_ensemble_weight", None) is not None
+        self.needs_logits = (self.do_sample and self.stop is None) or ensemble
         self.lookup = None
         if generation_config.prompt_lookup_num_tokens:
             if generation_config.assistant_ensemble_weight is not None:
@@ -185,6 +193,13 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             )
         self._proposed_this_round = 0
         if is_first_iteration:  # the target prefills first; its features arrive with the next call
+            mask = (model_kwargs or {}).get("attention_mask")
+            if mask is not None and not bool(mask.all()):
+                logger.warning_once(
+                    "xPress drafting: the prompt is padded (its attention_mask has zeros). The drafter places and "
+                    "attends to every position, padding included, so it drafts worse (the output is still the "
+                    "target's, exactly); pass the prompt without padding."
+                )
             return input_ids, None
         num_drafts = min(self.num_assistant_tokens, self.main_model_max_length - input_ids.shape[1] - 1)
         if num_drafts <= 0:  # at most one token left: a plain target step
@@ -310,14 +325,18 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         prefix_free = all(type(p) in PREFIX_FREE_PROCESSORS for p in processors)
 
         def hook(scores: torch.Tensor, start: int, cond: torch.LongTensor | None) -> torch.Tensor:
-            rows = scores[0].clone()  # a processor may work in place; `scores` can be the drafter's base logits
+            # A copy (a processor may work in place; `scores` can be the drafter's base logits), on the prefix's
+            # device: with a target split over devices the lm_head's (the last) is not the inputs' (the first), and
+            # processors such as the repetition penalty index the scores with the prefix, as in transformers' own
+            # assisted decoding. The result goes back to the scores' device.
+            rows = scores[0].to(input_ids.device, copy=True)
             if prefix_free:
-                return processors(input_ids.expand(rows.shape[0], -1), rows).unsqueeze(0)
+                return processors(input_ids.expand(rows.shape[0], -1), rows).unsqueeze(0).to(scores.device)
             out = torch.empty_like(rows)
             for i in range(rows.shape[0]):
                 prefix = input_ids if cond is None else torch.cat([input_ids, cond[:, : start + i].to(input_ids.device)], 1)
                 out[i] = processors(prefix, rows[i : i + 1])[0]
-            return out.unsqueeze(0)
+            return out.unsqueeze(0).to(scores.device)
 
         return hook
 

@@ -595,8 +595,9 @@ class XPressDrafterModel(XPressPreTrainedModel):
         fixed K passes without host syncs, captured as one CUDA graph with `mode="reduce-overhead"` (on a CPU use
         `mode=None`: C++ kernels). Same tokens and logits as the eager loop. `disable_fast_refine()` undoes it.
 
-        Each combination of K, shortlist, greedy/sampling and batch size is its own graph, so this raises torch's
-        per-function recompile limit (`torch._dynamo.config.recompile_limit`) to at least 64.
+        Each combination of K, the number of drafts S (`num_assistant_tokens`; fewer near `max_length`), shortlist,
+        greedy/sampling and batch size is its own graph, so this raises torch's per-function recompile limit
+        (`torch._dynamo.config.recompile_limit`) to at least 64.
         """
         if not isinstance(self.refiner, XPressRefiner):
             raise ValueError(f"enable_fast_refine needs an xPress refiner; this drafter has refiner={self.config.refiner!r}.")
@@ -786,8 +787,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
         # What one pass scores: every token (the paper), or a per-slot shortlist of the drafter's top-M tokens
         # (`columns` of the base logits; `candidates` their token ids).
         columns = None if shortlist is None else top_candidates(logits, min(shortlist, logits.shape[-1]))
-        full_block = num_slots + 1 == hidden.shape[1]
-        if not early_stop and self._fast_refine is not None and logits_hook is None and full_block:
+        if not early_stop and self._fast_refine is not None and logits_hook is None:
             read = None if columns is not None else self._refiner_read(vocab_ids)
             tokens, scores = self._fast_refine(
                 hidden_part, base_logits, lead_tokens, noise, passes, columns, tables, vocab_ids, read

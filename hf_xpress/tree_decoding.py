@@ -36,8 +36,9 @@ per slot for all branches.
 It plugs into transformers' public `custom_generate` hook (a callable): `generate` prepares the generation config,
 logits processors, stopping criteria and the cache, then hands the decoding loop to `tree_decoding`. transformers
 passes such a callable only the keyword arguments its signature adds to `_sample`'s, so the drafter comes as
-`drafter=` (not `assistant_model=`), and neither a `streamer` nor a `tokenizer` given to `generate` reaches it: stop
-strings come as `stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, [...])])`. Every stopping
+`drafter=` (not `assistant_model=`), and neither a `streamer` nor a `tokenizer` given to `generate` reaches it: a
+streamer comes as `tree_streamer=` (it gets the prompt, every committed token and `end()`, as `generate` streams), and
+stop strings as `stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, [...])])`. Every stopping
 criterion is checked after each committed token, so the output stops where plain `generate` stops.
 
 With `prompt_lookup_num_tokens` (a generation setting, as for chains), a round first tries transformers' prompt
@@ -191,6 +192,7 @@ def tree_decoding(
     tree_width: int = DEFAULT_TREE_WIDTH,
     tree_budget: int | None = None,
     lookup_branch: bool = False,
+    tree_streamer=None,
     **model_kwargs,
 ) -> torch.LongTensor:
     """Greedy or sampled decoding with tree verification (see the module docstring); returns `[1, n + new]` ids.
@@ -200,7 +202,9 @@ def tree_decoding(
     tree_budget: a dynamic tree instead (`XPressDrafterModel.propose_dynamic_tree`): the `tree_budget` draft nodes of
     highest path probability, growing `tree_width` children from each of the `tree_width` best nodes per slot;
     lookup_branch: with `prompt_lookup_num_tokens`, lookup's continuation joins the drafter's tree as a branch
-    (`add_branch`) instead of replacing it.
+    (`add_branch`) instead of replacing it;
+    tree_streamer: a transformers streamer (`TextStreamer`, `TextIteratorStreamer`, ...) fed as `generate` feeds its
+    `streamer` (which `generate` does not pass to a `custom_generate` callable; pass the streamer here instead).
     """
     if drafter is None or not is_xpress_drafter(drafter):
         raise ValueError("tree_decoding needs drafter=<an xPress drafter>, e.g. generate(ids, custom_generate="
@@ -212,6 +216,9 @@ def tree_decoding(
         raise ValueError(f"tree_budget must be at least 1 draft node (or None for a fixed tree), got {tree_budget}.")
     if getattr(generation_config, "assistant_ensemble_weight", None) is not None:
         raise ValueError("tree_decoding verifies against the target alone; assistant_ensemble_weight is not supported.")
+    if generation_config.num_beams > 1 or generation_config.num_return_sequences > 1:
+        raise ValueError("tree_decoding decodes one sequence: num_beams and num_return_sequences must be 1, got "
+                         f"{generation_config.num_beams} / {generation_config.num_return_sequences}.")
     if input_ids.shape[0] != 1:
         raise ValueError(f"tree_decoding supports batch size 1; got {input_ids.shape[0]}. Call generate once per prompt.")
     if generation_config.return_dict_in_generate:
@@ -226,16 +233,31 @@ def tree_decoding(
     if lookup_branch and generator.lookup is None:
         raise ValueError("lookup_branch=True adds prompt lookup's continuation to the tree: it needs "
                          "prompt_lookup_num_tokens=N (lookup's drafts per round), e.g. 10.")
+
+    if tree_streamer is not None:
+        tree_streamer.put(input_ids.cpu())  # the prompt, as `generate` puts it
+    try:
+        return _tree_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter, generator,
+                          cache, tree_width, tree_budget, lookup_branch, tree_streamer)
+    finally:
+        if tree_streamer is not None:  # also after an error: a TextIteratorStreamer's consumer must not wait forever
+            tree_streamer.end()
+
+
+def _tree_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter, generator, cache,
+               tree_width, tree_budget, lookup_branch, streamer) -> torch.LongTensor:
+    """`tree_decoding`'s prefill and rounds, its arguments checked; `streamer` (or None) gets each committed token."""
     stats, clock, overrides = generator.stats, generator._clock, generator.model_kwargs_overrides
     lm_head = generator.main_model_output_embeddings
     max_length = generation_config.max_length
-
     outputs = model(input_ids, cache=cache, use_cache=True, logits_to_keep=1, **overrides)
     _check_cache(cache)
     logits = outputs.logits[:, -1].float()
     sample = bool(generation_config.do_sample)
     next_token = _pick(logits_processor(input_ids, logits) if len(logits_processor) else logits, sample)
     input_ids = torch.cat([input_ids, next_token[:, None]], dim=1)
+    if streamer is not None:
+        streamer.put(next_token.cpu())
     generator._keep_features(input_ids, outputs)  # the prompt's features
 
     while not bool(stopping_criteria(input_ids, logits).all()):
@@ -283,6 +305,8 @@ def tree_decoding(
         rows = rows[: len(new)]  # the anchor and the committed drafts; the last committed token is the next anchor
         keep_cache_rows(cache, length - 1, rows)
         input_ids = torch.cat([input_ids, torch.tensor([new], dtype=input_ids.dtype, device=input_ids.device)], dim=1)
+        if streamer is not None:
+            streamer.put(torch.tensor([new]))
         # The drafter's context: the path's target features (`_keep_features` takes the rows it has not seen).
         generator._keep_features(input_ids, SimpleNamespace(hidden_states=tuple(
             None if h is None else h[:, rows] for h in outputs.hidden_states)))

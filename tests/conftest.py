@@ -66,3 +66,16 @@ def assert_drafter_context_is(generator, target, tokens: torch.Tensor) -> None:
     fresh.crop(-drafter.config.block_size)
     for mine, theirs in zip(generator.cache.layers, fresh.layers):
         torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-4)
+
+
+class RecordingStreamer:
+    """A streamer that keeps what it is given: `puts` (each a list of ids) and whether `end()` came."""
+
+    def __init__(self):
+        self.puts, self.ended = [], False
+
+    def put(self, value):
+        self.puts.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.ended = True

@@ -39,6 +39,27 @@ def test_greedy_equals_plain_generate(target, refiner, max_new_tokens):
     assert drafter.stats is not None
 
 
+def test_a_padded_prompt_stays_exact_and_is_named_in_a_warning(target):
+    """The drafter places and attends to every position, padding included: still exact, but it drafts worse, so the
+    generator says so once (it cannot know the padding from the tokens)."""
+    from transformers.testing_utils import CaptureLogger
+
+    from hf_xpress import generation
+
+    drafter = tiny_drafter(target, "xpress")
+    ids = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.randint(1, 126, (1, 9))], dim=1)
+    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 9, dtype=torch.long)], dim=1)
+    plain = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False)
+    generation.logger.warning_once.cache_clear()
+    with CaptureLogger(generation.logger) as captured:
+        ours = target.generate(ids, attention_mask=mask, assistant_model=drafter, max_new_tokens=20, do_sample=False)
+    assert torch.equal(plain, ours)
+    assert "the prompt is padded (its attention_mask has zeros)" in captured.out
+    with CaptureLogger(generation.logger) as captured:
+        target.generate(ids[:, 3:], assistant_model=drafter, max_new_tokens=5, do_sample=False)
+    assert captured.out == ""
+
+
 def test_sliding_window_and_causal_drafter_layers_are_lossless(target):
     """Converted z-lab drafters can have sliding-window, block-causal layers; drafting with them stays exact."""
     layout = {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 6, "causal_layers": [0]}
@@ -531,6 +552,84 @@ def test_sampling_keeps_the_target_distribution_and_a_biased_q_is_caught(
     assert stat_biased > _bound(dof_biased), (stat_biased, dof_biased, accepted)
     processors = "temperature" in processing  # top_k=0 alone adds no logits processor
     assert set(columns) == {draft_vocab is not None and not processors}
+
+
+def _letters_tokenizer():
+    """A real fast tokenizer for the V = 4 test vocabulary: tokens "a" "b" "c" "d" (ids 0..3), text = their letters
+    (StopStringCriteria also reads the vocabulary's strings; "abcdef" is its probe and never generated)."""
+    from tokenizers import Tokenizer, decoders
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(WordLevel({"a": 0, "b": 1, "c": 2, "d": 3, "abcdef": 4}, unk_token="a"))
+    backend.pre_tokenizer, backend.decoder = Whitespace(), decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+def test_sampling_with_stop_strings_keeps_the_target_distribution(monkeypatch):
+    """Drafts end before a token that would complete a stop string, so whether a draft is submitted depends on the
+    draft itself. Verified against its logits that skews the output, most for a drafter whose q is the target's p (a
+    draft "d" is dropped and the target samples again: P("d") = q("d") p("d")). With stop strings the generator hands
+    transformers no logits, so the target is sampled and matching drafts kept. Here the drafter samples the target's
+    own conditionals; the outputs (cut after the first "d") must follow the target's distribution, and the same test
+    fails when the logits are handed over."""
+    target, drafter = _peaky_pair(seed=7)
+    tokenizer = _letters_tokenizer()
+    prompt = torch.tensor([[1, 2, 0]])
+    joint = _exact_joint(target, prompt, 4, top_k=0)
+    exact: dict[tuple, float] = {}
+    for index in torch.cartesian_prod(*[torch.arange(V)] * 4).tolist():
+        cut = tuple(index[: index.index(3) + 1] if 3 in index else index)  # generation stops after "d"
+        exact[cut] = exact.get(cut, 0.0) + float(joint[tuple(index)])
+    outputs = list(exact)
+
+    context = {}
+    get_candidates = XPressCandidateGenerator.get_candidates
+
+    def remember_context(self, input_ids, *args, **kwargs):
+        context["ids"] = input_ids
+        return get_candidates(self, input_ids, *args, **kwargs)
+
+    @torch.no_grad()
+    def sample_the_target(self, hidden, base_logits, lead_tokens, **kwargs):  # q = p: the drafter a cut skews most
+        sequence, tokens, logits = context["ids"], [], []
+        for _ in range(base_logits.shape[1]):
+            step = target(sequence).logits[:, -1].float()
+            token = torch.multinomial(step.softmax(-1), 1)
+            sequence = torch.cat([sequence, token], dim=1)
+            tokens.append(token)
+            logits.append(step)
+        return DraftProposal(tokens=torch.cat(tokens, 1), scores=torch.stack(logits, 1), passes=0)
+
+    monkeypatch.setattr(XPressCandidateGenerator, "get_candidates", remember_context)
+    monkeypatch.setattr(XPressDrafterModel, "propose", sample_the_target)
+    drafter.config.num_assistant_tokens = 3
+    accepted = []
+
+    def statistic(samples: int) -> tuple[float, int]:
+        counts = torch.zeros(len(outputs))
+        torch.manual_seed(123)
+        for _ in range(samples):
+            out = target.generate(prompt, assistant_model=drafter, max_new_tokens=4, do_sample=True, top_k=0,
+                                  stop_strings=["d"], tokenizer=tokenizer)
+            counts[outputs.index(tuple(out[0, prompt.shape[1]:].tolist()))] += 1
+            accepted.extend(drafter.stats.accepted)
+        return _chi2(counts, torch.tensor([exact[o] for o in outputs]))
+
+    stat, dof = statistic(1000)
+    assert stat < _bound(dof), (stat, dof)
+    assert sum(accepted) > 300, sum(accepted)  # drafts were accepted, not only corrected
+
+    init = XPressCandidateGenerator.__init__
+
+    def with_logits(self, *args, **kwargs):  # the biased way: drafts cut by stop strings, verified against q
+        init(self, *args, **kwargs)
+        self.needs_logits = True
+
+    monkeypatch.setattr(XPressCandidateGenerator, "__init__", with_logits)
+    stat_biased, dof_biased = statistic(1000)
+    assert stat_biased > _bound(dof_biased), (stat_biased, dof_biased)
 
 
 def test_sampling_with_prompt_lookup_rounds_keeps_the_target_distribution():

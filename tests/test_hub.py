@@ -20,6 +20,8 @@ from hf_xpress import XPressDrafterModel
 from hf_xpress import hub
 from hf_xpress.generation import XPressCandidateGenerator
 
+from conftest import RecordingStreamer
+
 REPO_ID = "tiny-org/Qwen3-tiny-xPress-b8"
 PROMPTS = [[3, 17, 42, 8, 99, 5, 23], [7]]
 MAX_NEW = 24
@@ -288,3 +290,28 @@ def test_custom_generate_without_a_drafter_is_a_clear_error(published, tmp_path)
             torch.tensor([PROMPTS[0]]), custom_generate=str(folder), trust_remote_code=True, max_new_tokens=3,
             assistant_model=published["drafter"], lookup_branch=True, prompt_lookup_num_tokens=3,
         )
+
+
+def test_custom_generate_tree_path_passes_on_the_streamer_and_stop_strings(published):
+    """generate() hands a custom_generate callable neither `streamer` nor `tokenizer`; the Hub recipe gives them to
+    tree_decoding (its `tree_streamer`, and stop strings as a stopping criterion), so both work as on chains."""
+    from tokenizers import Tokenizer, decoders
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    target, drafter = published["target"], published["drafter"]
+    backend = Tokenizer(WordLevel({**{f"<{i}>": i for i in range(128)}, "abcdef": 128}, unk_token="<0>"))
+    backend.pre_tokenizer, backend.decoder = Whitespace(), decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    ids = torch.tensor([PROMPTS[0]])
+    plain = target.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1]:].tolist()
+    stop = f"<{plain[4]}>"  # the fifth new token's text: plain generate stops at its first occurrence
+    first = plain.index(plain[4])
+
+    streamer = RecordingStreamer()
+    out = target.generate(ids, custom_generate=str(published["folder"]), trust_remote_code=True, max_new_tokens=12,
+                          assistant_model=drafter, tree_width=2, streamer=streamer, stop_strings=[stop],
+                          tokenizer=tokenizer, do_sample=False)
+    assert out[0, ids.shape[1]:].tolist() == plain[: first + 1]
+    assert streamer.puts[0] == PROMPTS[0] and sum(streamer.puts[1:], []) == plain[: first + 1] and streamer.ended

@@ -257,14 +257,18 @@ def test_fixed_pass_refinement_compiles_without_graph_breaks_and_matches_the_eag
     base_logits = torch.randn(1, B - 1, 128) * 2
     lead = torch.randint(0, 128, (1, 2))
     noise = -torch.log(-torch.log(torch.rand(1, B - 1, 128))) if sample else None
-    for passes in (1, 4, 6):
+    for passes, slots in ((1, B - 1), (4, B - 1), (6, B - 1), (4, 3)):  # 3: fewer drafts than the block has slots
+        base_logits, noise = base_logits[:, :slots], None if noise is None else noise[:, :slots]
         eager = drafter.propose(hidden, base_logits, lead, passes=passes, early_stop=False, noise=noise)
         early = drafter.propose(hidden, base_logits, lead, passes=passes, early_stop=True, noise=noise)
         drafter.enable_fast_refine(mode=None, backend="aot_eager")  # fullgraph=True: a graph break is an error
+        compiled, calls = drafter._fast_refine, []
+        drafter._fast_refine = lambda *args: calls.append(1) or compiled(*args)
         try:
             fast = drafter.propose(hidden, base_logits, lead, passes=passes, early_stop=False, noise=noise)
         finally:
             drafter.disable_fast_refine()
+        assert calls == [1] and fast.tokens.shape == (1, slots)  # the compiled loop ran
         assert torch.equal(eager.tokens, fast.tokens) and torch.equal(eager.tokens, early.tokens)
         torch.testing.assert_close(eager.logits, fast.logits)
         torch.testing.assert_close(eager.logits, early.logits)

@@ -17,7 +17,7 @@ from hf_xpress import XPressDrafterModel, tree_decoding
 from hf_xpress.generation import XPressCandidateGenerator
 from hf_xpress.tree_decoding import _walk, add_branch, chain_parents, keep_cache_rows, node_depths, tree_attention_mask
 
-from conftest import assert_drafter_context_is, tiny_drafter, tiny_target
+from conftest import RecordingStreamer, assert_drafter_context_is, tiny_drafter, tiny_target
 from test_generation import V, _bound, _chi2, _exact_joint, _peaky_pair
 
 REFINERS = [None, "markov", "xpress"]
@@ -538,6 +538,11 @@ def test_unsupported_requests_are_clear_errors(target):
         _tree_generate(target, ids, drafter, 3, tree_budget=0, max_new_tokens=4)
     with pytest.raises(ValueError, match="batch size 1"):
         _tree_generate(target, torch.randint(0, 126, (2, 5)), drafter, 2, max_new_tokens=4)
+    with pytest.raises(ValueError, match="num_beams and num_return_sequences must be 1, got 1 / 2"):
+        target.generate(ids, custom_generate=tree_decoding, drafter=drafter, do_sample=True, num_return_sequences=2,
+                        max_new_tokens=4)  # one prompt, expanded to two rows by generate: not a batch error
+    with pytest.raises(ValueError, match="num_beams and num_return_sequences must be 1, got 2 / 1"):
+        _tree_generate(target, ids, drafter, 2, max_new_tokens=4, num_beams=2)
     with pytest.raises(ValueError, match="needs drafter="):
         target.generate(ids, custom_generate=tree_decoding, max_new_tokens=4)
     with pytest.raises(ValueError, match="needs drafter="):
@@ -553,6 +558,42 @@ def test_unsupported_requests_are_clear_errors(target):
     other = tiny_target("qwen3", num_hidden_layers=4)
     with pytest.raises(ValueError, match="built for another target"):
         _tree_generate(target, ids, tiny_drafter(other), 2, max_new_tokens=4)
+
+
+def test_tree_streamer_gets_the_prompt_every_token_and_the_end(target):
+    """generate() does not hand its `streamer` to a custom_generate callable; `tree_streamer=` is fed as `generate`
+    feeds one (the prompt, then the new tokens in order, then `end()`), also when decoding fails."""
+    drafter = tiny_drafter(target, "xpress", num_assistant_tokens=3)
+    ids = _prompts(4)[3]
+    streamer = RecordingStreamer()
+    out = _tree_generate(target, ids, drafter, 2, max_new_tokens=20, tree_streamer=streamer)
+    assert torch.equal(out, target.generate(ids, max_new_tokens=20, do_sample=False))
+    assert streamer.puts[0] == ids[0].tolist() and streamer.ended
+    assert sum(streamer.puts[1:], []) == out[0, ids.shape[1]:].tolist() and len(streamer.puts) > 2
+    from transformers import TextIteratorStreamer
+
+    class Tokenizer:  # what TextIteratorStreamer reads of a tokenizer
+        def decode(self, ids, **kwargs):
+            return " ".join(map(str, ids))
+
+    text = TextIteratorStreamer(Tokenizer(), skip_prompt=True)
+    _tree_generate(target, ids, drafter, 2, max_new_tokens=6, tree_streamer=text)
+    assert "".join(text).split() == [str(t) for t in target.generate(ids, max_new_tokens=6)[0, ids.shape[1]:].tolist()]
+    broken = RecordingStreamer()
+    with pytest.raises(ValueError, match="return_dict_in_generate"):  # refused before decoding: nothing to end
+        _tree_generate(target, ids, drafter, 2, max_new_tokens=4, tree_streamer=broken, return_dict_in_generate=True)
+    original = XPressDrafterModel.propose_tree
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("drafter failed")
+
+    XPressDrafterModel.propose_tree = failing
+    try:
+        with pytest.raises(RuntimeError, match="drafter failed"):
+            _tree_generate(target, ids, drafter, 2, max_new_tokens=4, tree_streamer=broken)
+    finally:
+        XPressDrafterModel.propose_tree = original
+    assert broken.ended  # a consumer iterating the streamer is released
 
 
 def test_a_sliding_window_target_is_refused_with_the_reason():

@@ -2324,11 +2324,16 @@ def _ship_card(args: argparse.Namespace, run: Path, out: Path, name: str) -> Non
     results: dict[str, dict[str, float]] = {}
     identical: list[str] = []
     settings: list[str] = []
+    measured_with: dict[tuple, list[str]] = {}  # (prompts per set, new tokens) -> the tau files measured so
     for item in args.tau or []:
         method, _, path = item.partition("=")
         measured = json.loads(Path(path).read_text())
         setup = measured.get("_setup", {})
         args.limit, args.max_new_tokens = setup.get("limit", args.limit), setup.get("max_new_tokens", args.max_new_tokens)
+        measured_with.setdefault((args.limit, args.max_new_tokens), []).append(path)
+        if len(measured_with) > 1:  # the card's table states one protocol for every column
+            raise SystemExit("ship: the --tau files were measured on different prompts or lengths (prompts per set, "
+                             f"new tokens: {measured_with}); measure every drafter alike")
         settings.append(f"{method}: {describe_inference_setup(setup)}")
         for name, row in measured.items():
             if name.startswith("_"):

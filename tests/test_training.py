@@ -888,6 +888,11 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
         T.ship_main(argparse.Namespace(**{**vars(args), "checkpoint": "last"}))
     with pytest.raises(SystemExit, match="holds the run's checkpoint"):
         T.ship_main(argparse.Namespace(**{**vars(args), "out": str(tmp_path / "run")}))
+    longer = tmp_path / "tau-longer.json"
+    longer.write_text(json.dumps({"_setup": {"limit": 2, "max_new_tokens": 64}, "humaneval": {"tau": 1.4,
+                                  "identical_to_greedy": 2, "prompts": 2}}))
+    with pytest.raises(SystemExit, match=r"measured on different prompts or lengths .*\(2, 16\).*\(2, 64\)"):
+        T.ship_main(argparse.Namespace(**{**vars(args), "tau": [f"old={tau}", f"longer={longer}"]}))
     assert (out / "README.md").read_text() == card and (tmp_path / "run" / "best" / "config.json").exists()
 
 

@@ -434,7 +434,8 @@ def run_once(
 
 def first_mismatch(target, prompt_ids: torch.LongTensor, reference: list[int], candidate: list[int]) -> dict | None:
     """None if `candidate == reference`; else the first differing position (0-based, in new tokens) and the
-    target's top-2 logit gap at that position (computed on the reference prefix, in the target's dtype)."""
+    target's top-2 logit gap at that position (computed on the reference prefix, in the target's dtype). Where one
+    output is a prefix of the other, one stopped where the other did not: `kind` "length", never a near-tie."""
     if candidate == reference:
         return None
     pos = next((i for i, (a, b) in enumerate(zip(reference, candidate)) if a != b), min(len(reference), len(candidate)))
@@ -445,6 +446,9 @@ def first_mismatch(target, prompt_ids: torch.LongTensor, reference: list[int], c
         "reference_token": reference[pos] if pos < len(reference) else None,
         "method_token": candidate[pos] if pos < len(candidate) else None,
     }
+    if pos == min(len(reference), len(candidate)):  # no differing token: a stop (EOS, length, stop string) differs
+        return dict(info, kind="length", near_tie=False)
+    info["kind"] = "token"
     prefix = torch.tensor([reference[:pos]], dtype=prompt_ids.dtype, device=prompt_ids.device)
     with torch.inference_mode():
         logits = target(torch.cat([prompt_ids, prefix], dim=1), logits_to_keep=1).logits[0, -1].float()
@@ -477,6 +481,11 @@ def _encode_sets(tokenizer, prompt_sets: dict[str, list]) -> dict[str, list[tupl
 
     encoded = {}
     for name, records in prompt_sets.items():
+        ids = [rec.id for rec in records if isinstance(rec, PromptRecord)]  # token-id lists are numbered: distinct
+        repeated = sorted({ident for ident in ids if ids.count(ident) > 1})
+        if repeated:  # runs are paired across methods by (set, prompt id)
+            raise ValueError(f"set {name!r} has prompts with the same id ({', '.join(map(repr, repeated[:5]))}): give "
+                             "each prompt its own id (a jsonl row's \"id\")")
         rows = []
         for i, rec in enumerate(records):
             if isinstance(rec, PromptRecord):
@@ -650,7 +659,8 @@ def headline(results: dict) -> str:
             others.append(f"{name} tau {f['tau']:.2f}, {f.get('speedup', float('nan')):.2f}x")
     load = meta.get("load_average_start") or [0.0]
     busy = bool(machine.get("cpu_count")) and load[0] > 0.5 * machine["cpu_count"]
-    mism = sum(f["mismatches"] for f in table.values())
+    greedy = 0.0 in meta.get("temperatures", [0.0])
+    exactness = f"greedy mismatches vs plain: {len(results['mismatches'])}" if greedy else "no greedy runs"
     return (
         f"{meta['target']} ({meta['dtype']}, {tkey}, {sum(meta['sets'].values())} prompts from "
         f"{', '.join(meta['sets'])}, {meta['max_new_tokens']} new tokens) on "
@@ -658,7 +668,7 @@ def headline(results: dict) -> str:
         f"({machine.get('torch_threads')} threads): {best} tau {table[best]['tau']:.2f}, "
         f"{table[best]['tokens_per_s']:.1f} tok/s, {table[best].get('speedup', float('nan')):.2f}x over plain generate "
         f"({table.get(PLAIN, {}).get('tokens_per_s', float('nan')):.1f} tok/s); " + "; ".join(others)
-        + f"; greedy mismatches vs plain: {mism}" + (" [TIMINGS TAKEN UNDER LOAD]" if busy else "") + "."
+        + f"; {exactness}" + (" [TIMINGS TAKEN UNDER LOAD]" if busy else "") + "."
     )
 
 
@@ -762,19 +772,24 @@ def ratio_interval(rows: list[dict], method: str, other: str = PLAIN, resamples:
     """95% bootstrap interval of `method`'s speed over `other`'s (total tokens / total time, each), resampling the
     prompts both ran (paired: a resampled prompt brings both its runs); None with fewer than 3 such prompts.
 
-    It shows how far the figure depends on which prompts were drawn, not the timing noise within one run."""
+    Stratified by set: each resample draws as many prompts from each set as the run had (the run drew a fixed number
+    per set, so differences between sets are not sampling noise). It shows how far the figure depends on which prompts
+    were drawn, not the timing noise within one run."""
     def key(r: dict) -> tuple:
         return r["set"], r.get("prompt_id")
 
     theirs = {key(r): r for r in rows if r["method"] == other}
-    pairs = [(r["new_tokens"], r["time_s"], theirs[key(r)]["new_tokens"], theirs[key(r)]["time_s"])
-             for r in rows if r["method"] == method and key(r) in theirs]
-    if len(pairs) < 3:
+    by_set: dict[str, list[tuple]] = {}
+    for r in rows:
+        if r["method"] == method and key(r) in theirs:
+            mine = theirs[key(r)]
+            by_set.setdefault(r["set"], []).append((r["new_tokens"], r["time_s"], mine["new_tokens"], mine["time_s"]))
+    if sum(len(pairs) for pairs in by_set.values()) < 3:
         return None
     rng = random.Random(seed)
     ratios = []
     for _ in range(resamples):
-        draw = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        draw = [pairs[rng.randrange(len(pairs))] for pairs in by_set.values() for _ in pairs]
         tokens, elapsed, other_tokens, other_elapsed = (sum(p[i] for p in draw) for i in range(4))
         ratios.append((tokens / elapsed) / (other_tokens / other_elapsed))
     ratios.sort()
@@ -912,7 +927,9 @@ def render_report(results: dict, plots: dict[str, str] | None = None) -> str:
     lines.append("")
     methods = [m["name"] for m in results["methods"]]
     lines += ["## Exactness (greedy outputs vs plain `generate`)", ""]
-    if not results["mismatches"]:
+    if 0.0 not in meta.get("temperatures", [0.0]):
+        lines.append("No greedy runs: exactness is checked token for token on greedy outputs only.")
+    elif not results["mismatches"]:
         lines.append("All greedy outputs are token-identical to plain `generate`.")
     else:
         lines.append(f"**{len(results['mismatches'])} greedy output(s) differ from plain `generate`.** "
@@ -1380,13 +1397,13 @@ def _dominant(r: dict) -> str:
     return (
         f"One Jacobi pass costs {per_pass:.3f} ms: the w2 read (r={r['sizes']['refiner_rank']} x "
         f"V'={vocab} over {r['block_size'] - 1} slots) is {w2:.3f} ms ({share:.0%}), "
-        f"the add + argmax over 15 x V' logits {r['add_argmax_ms']:.3f} ms. For comparison the target lm_head over "
+        f"the add + argmax over {r['block_size'] - 1} x V' logits {r['add_argmax_ms']:.3f} ms. For comparison the target lm_head over "
         f"the same slots (H={r['sizes']['target_hidden']} x V') costs {head:.3f} ms and the drafter layers "
         f"{r['drafter_forward_ms']:.3f} ms; one Markov step (w2 on one row) {r['markov_step_ms']:.3f} ms. "
         f"Weight reads: K=4 passes read "
         f"{4 * w['w2_per_pass'] / 1e6:.1f}M parameters, the draft {draft_weights / 1e6:.1f}M "
         f"({w['drafter_layers'] / 1e6:.1f}M drafter layers + {w['lm_head'] / 1e6:.1f}M lm_head), i.e. "
-        f"{4 * w['w2_per_pass'] / draft_weights:.0%}; the Markov head reads {15 * w['markov_w2_per_step'] / 1e6:.1f}M."
+        f"{4 * w['w2_per_pass'] / draft_weights:.0%}; the Markov head reads {(r['block_size'] - 1) * w['markov_w2_per_step'] / 1e6:.1f}M."
     )
 
 
@@ -1567,6 +1584,9 @@ def resummarize(results: dict) -> dict:
     `summarize`, e.g. for figures added since it ran; the runs, timings and mismatches are kept as measured."""
     methods = [_method_from(m) for m in results["methods"]]
     sets = list(results["meta"]["sets"])
+    for run in results["runs"]:  # JSON has no NaN: a run without a target forward saved its prefill time as null
+        if run.get("prefill_s") is None:
+            run["prefill_s"] = float("nan")
     results = dict(results, summary=summarize(results["runs"], methods, results["meta"]["temperatures"], sets))
     block = results.get("block_latency")
     if block:  # JSON made the passes keys (K) strings

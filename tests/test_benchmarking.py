@@ -14,8 +14,9 @@ import torch
 from hf_xpress import XPressDrafterModel, XPressStats
 from hf_xpress.benchmarking import (
     PROMPT_LOOKUP_TOKENS, Method, _drafter_settings, _lookup_list, _method_from, _optional_floats, block_latency, build_methods, format_block_table, run_benchmark,
-    ratio_interval, render_report, select_methods, summarize,
+    first_mismatch, ratio_interval, render_report, resummarize, select_methods, summarize,
 )
+from hf_xpress.assets import PromptRecord
 from hf_xpress.cli import build_parser, main as cli_main
 
 from conftest import tiny_drafter, tiny_target
@@ -162,6 +163,32 @@ def test_mismatch_detector_flags_a_wrong_method(llama, capsys):
     assert results["summary"]["T=0"]["all"]["xpress K=2 es"]["mismatches"] == 0
     err = capsys.readouterr().err
     assert "MISMATCH" in err and "this is a bug" in err  # loud, and in float32 called a bug
+    assert "greedy mismatches vs plain: 2" in results["headline"]
+    # an output that stops early (or runs on) differs in length, not at a near-tie
+    ids = torch.tensor([[5, 6, 7]])
+    info = first_mismatch(llama, ids, [4, 9, 11], [4, 9])
+    assert info["kind"] == "length" and info["position"] == 2 and info["near_tie"] is False
+    assert info["reference_token"] == 11 and info["method_token"] is None and "top2_logit_gap" not in info
+    assert first_mismatch(llama, ids, [4, 9, 11], [4, 8, 11])["kind"] == "token"
+    with pytest.raises(ValueError, match="set 's' has prompts with the same id \\('dup'\\)"):
+        run_benchmark(llama, None, methods, {"s": [PromptRecord("dup", "s", [{"role": "user", "content": "a"}], {}),
+                                                  PromptRecord("dup", "s", [{"role": "user", "content": "b"}], {})]},
+                      max_new_tokens=4, progress=False, warmup=False)
+
+
+def test_headline_and_report_name_exactness_only_for_greedy_runs(llama):
+    methods = build_methods([("xp", tiny_drafter(llama, "xpress"))], passes=[2], early_stop=[True])
+    prompts = {"s": [[5, 6, 7, 8, 9, 10], [40, 41, 42], [7, 7, 7]]}
+    sampled = run_benchmark(llama, None, methods, prompts, max_new_tokens=6, temperatures=(1.0,), progress=False,
+                            warmup=False)
+    assert "; no greedy runs" in sampled["headline"] and "mismatches" not in sampled["headline"]
+    assert "No greedy runs: exactness is checked token for token on greedy outputs only." in render_report(sampled)
+    both = run_benchmark(llama, None, methods, prompts, max_new_tokens=6, temperatures=(1.0, 0.0), progress=False,
+                         warmup=False)
+    assert "T=1" in both["headline"] and "greedy mismatches vs plain: 0" in both["headline"]
+    saved = json.loads(json.dumps(both, default=str).replace("NaN", "null"))
+    saved["runs"][0]["prefill_s"] = None  # JSON's NaN: a run without a target forward
+    assert resummarize(saved)["summary"]["T=0"]["all"]
 
 
 def test_drafts_per_round_and_confidence_variants_are_named_run_and_restored(llama):
@@ -398,6 +425,9 @@ def test_speedup_interval_resamples_prompts_in_pairs():
     low4, high4 = ratio_interval(runs(mixed * 4), "m")
     assert low < low4 < point < high4 < high
     assert ratio_interval(runs(mixed[:2]), "m") is None  # too few prompts to say
+    # resampled within each set: two sets, each the same on all its prompts (2x and 1x), leave no sampling spread
+    two_sets = [r | {"set": "a"} for r in runs([(1.0, 0.5)] * 4)] + [r | {"set": "b"} for r in runs([(1.0, 1.0)] * 4)]
+    assert ratio_interval(two_sets, "m") == pytest.approx([8 / 6, 8 / 6])
     table = summarize(runs(mixed), [Method("plain", "plain"), Method("m", "custom")], [0.0], ["s"])["T=0"]["all"]
     assert table["m"]["speedup_ci95"] == [low, high] and "speedup_ci95" not in table["plain"]
 

@@ -1969,8 +1969,8 @@ class Trainer:
         return threading.current_thread() is threading.main_thread()
 
 
-def train_main(args: argparse.Namespace) -> int:
-    """`hf-xpress train` / `python -m hf_xpress.training`."""
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    """The `TrainConfig` of parsed `hf-xpress train` arguments (options left out keep the config's defaults)."""
     fields = TrainConfig.__dataclass_fields__
     values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     if isinstance(values.get("layer_ids"), str):
@@ -1979,8 +1979,12 @@ def train_main(args: argparse.Namespace) -> int:
         values["refiner"] = None
     elif "refiner" not in values:
         values["refiner"] = "xpress"
-    cfg = TrainConfig(**values)
-    Trainer(cfg).run()
+    return TrainConfig(**values)
+
+
+def train_main(args: argparse.Namespace) -> int:
+    """`hf-xpress train` / `python -m hf_xpress.training`."""
+    Trainer(train_config(args)).run()
     return 0
 
 

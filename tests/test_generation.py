@@ -36,7 +36,7 @@ def test_greedy_equals_plain_generate(target, refiner, max_new_tokens):
         plain = target.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
         ours = target.generate(ids, assistant_model=drafter, max_new_tokens=max_new_tokens, do_sample=False)
         assert torch.equal(plain, ours), (refiner, ids.shape)
-    assert drafter.stats is not None
+    assert drafter.stats.rounds > 0 or max_new_tokens == 1  # drafting rounds ran (one new token needs none)
 
 
 def test_a_padded_prompt_stays_exact_and_is_named_in_a_warning(target):
@@ -305,6 +305,32 @@ def test_draft_vocabulary_is_saved_checked_and_removable(target, tmp_path):
         tiny_drafter(target, "xpress", draft_vocab_size=129)
 
 
+@pytest.mark.parametrize("refiner", REFINERS)
+def test_confidence_threshold_ends_each_round_at_its_first_unconfident_draft(target, refiner, monkeypatch):
+    """End to end: every round submits its drafts up to and including the first whose probability is below the
+    threshold (the cap and the room left permitting), and the output stays plain generate's."""
+    drafter = tiny_drafter(target, refiner, num_assistant_tokens=6)
+    probabilities = []  # per round, of each drafted token
+    propose = XPressDrafterModel.propose
+
+    def spy(self, *args, **kwargs):
+        proposal = propose(self, *args, **kwargs)
+        probabilities.append(proposal.token_log_probs()[0].exp().tolist())
+        return proposal
+
+    monkeypatch.setattr(XPressDrafterModel, "propose", spy)
+    ids = _prompts(5)[4]
+    target.generate(ids, assistant_model=drafter, max_new_tokens=60, do_sample=False)
+    threshold = sorted(p for row in probabilities for p in row)[len(probabilities) * 3]  # cuts some rounds, not all
+    drafter.config.assistant_confidence_threshold = threshold
+    probabilities.clear()
+    ours = target.generate(ids, assistant_model=drafter, max_new_tokens=60, do_sample=False)
+    assert torch.equal(ours, target.generate(ids, max_new_tokens=60, do_sample=False))
+    expected = [next((k + 1 for k, p in enumerate(row) if p < threshold), len(row)) for row in probabilities]
+    assert drafter.stats.proposed == expected
+    assert len(set(expected)) >= 3 and min(expected) == 1  # rounds cut at different slots
+
+
 def test_confidence_threshold_cuts_after_the_first_unconfident_draft(target):
     drafter = tiny_drafter(target, "xpress", assistant_confidence_threshold=0.3)
     generator = XPressCandidateGenerator(target, drafter, target.generation_config)
@@ -395,6 +421,64 @@ def test_other_assistants_are_left_to_transformers(monkeypatch):
     assert made == [AssistedCandidateGenerator, XPressCandidateGenerator]
 
 
+def test_drafts_carry_their_logits_exactly_where_verification_reads_them(target, monkeypatch):
+    """q goes to transformers for rejection sampling and for assistant_ensemble_weight; greedy verification compares
+    tokens only, and sampling with stop strings samples the target and matches (see the stop-string test)."""
+    drafter = tiny_drafter(target, "xpress")
+    returned = []
+    candidates = XPressCandidateGenerator.get_candidates
+
+    def spy(self, *args, **kwargs):
+        ids, logits = candidates(self, *args, **kwargs)
+        if ids.shape[1] > args[0].shape[1]:  # a round with drafts
+            returned.append(logits is not None)
+        return ids, logits
+
+    monkeypatch.setattr(XPressCandidateGenerator, "get_candidates", spy)
+    ids = torch.randint(0, 126, (1, 6))
+    for kwargs, carried in ((dict(do_sample=False), False), (dict(do_sample=True), True),
+                            (dict(do_sample=False, assistant_ensemble_weight=0.5), True)):
+        returned.clear()
+        target.generate(ids, assistant_model=drafter, max_new_tokens=12, **kwargs)
+        assert returned and set(returned) == {carried}, kwargs
+
+
+def test_uninstall_restores_transformers_and_install_is_idempotent():
+    """`hf_xpress.uninstall()` gives generate() back its own candidate-generator choice (an xPress drafter then runs
+    only through transformers' native DFlash path); `install()` twice wraps once."""
+    import hf_xpress
+    from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
+
+    target = tiny_target("llama")
+    drafter = tiny_drafter(target, "xpress")
+    wrapped = GenerationMixin._get_candidate_generator
+    hf_xpress.install()
+    assert GenerationMixin._get_candidate_generator is wrapped  # already installed: unchanged
+    made = []
+    original = wrapped._hf_xpress_original
+    try:
+        hf_xpress.uninstall()
+        assert GenerationMixin._get_candidate_generator is original
+        hf_xpress.uninstall()  # a second time: nothing to undo
+        assert GenerationMixin._get_candidate_generator is original
+
+        def spy(self, *args, **kwargs):
+            made.append(type(original(self, *args, **kwargs)))
+            return original(self, *args, **kwargs)
+
+        GenerationMixin._get_candidate_generator = spy
+        target.generate(torch.tensor([[1, 2, 3]]), assistant_model=drafter, max_new_tokens=4, do_sample=False,
+                        speculation_type="dflash")
+        assert made and not issubclass(made[0], XPressCandidateGenerator)
+        assert issubclass(made[0], DFlashTokenCandidateGenerator)
+    finally:
+        GenerationMixin._get_candidate_generator = original
+        hf_xpress.install()
+    assert GenerationMixin._get_candidate_generator._hf_xpress
+    target.generate(torch.tensor([[1, 2, 3]]), assistant_model=drafter, max_new_tokens=4, do_sample=False)
+    assert drafter.stats is not None and drafter.stats.rounds > 0
+
+
 class _Collect(BaseStreamer):
     def __init__(self):
         self.tokens: list[int] = []
@@ -445,15 +529,17 @@ def test_output_hidden_states_with_return_dict(target):
 V = 4  # tiny vocabulary, so the exact distribution of several tokens can be enumerated
 
 
-def _peaky_pair(seed: int, refiner: str = "xpress"):
+def _peaky_pair(seed: int, refiner: str = "xpress", refiner_std: float = 0.5):
     target = tiny_target("llama", seed=seed, vocab_size=V)
     with torch.no_grad():
         target.lm_head.weight.mul_(5.0)  # several likely tokens per step: ~70 cells hold 5+ expected samples
     torch.manual_seed(seed + 1)
     drafter = XPressDrafterModel.from_target(target, refiner=refiner, num_hidden_layers=1, mask_token_id=V - 1).eval()
+    # std 0.5: a large bias, so the refiner moves the drafts a lot; xPress's then reaches ~1e6 and its q is one-hot
+    # (test_sampled_xpress_drafts_are_samples_of_a_spread_q takes a smaller one)
     with torch.no_grad():
         for p in drafter.refiner.parameters():
-            p.normal_(0.0, 0.5)
+            p.normal_(0.0, refiner_std)
     return target, drafter
 
 
@@ -552,6 +638,36 @@ def test_sampling_keeps_the_target_distribution_and_a_biased_q_is_caught(
     assert stat_biased > _bound(dof_biased), (stat_biased, dof_biased, accepted)
     processors = "temperature" in processing  # top_k=0 alone adds no logits processor
     assert set(columns) == {draft_vocab is not None and not processors}
+
+
+def test_sampled_xpress_drafts_are_samples_of_a_spread_q(monkeypatch):
+    """With a bias small enough that q stays spread (its top token under 0.95 in every round here), the xPress drafts
+    must be samples of q: the output matches the target's joint, and the same test fails when the drafts are the
+    greedy choice while q stays as it is (a Gumbel draw dropped)."""
+    target, drafter = _peaky_pair(seed=7, refiner="xpress", refiner_std=0.07)
+    prompt = torch.tensor([[1, 2, 0]])
+    exact = _exact_joint(target, prompt, 4, top_k=0)
+    top_q = []
+    candidates = XPressCandidateGenerator.get_candidates
+
+    def spy(self, input_ids, *args, **kwargs):
+        ids, logits = candidates(self, input_ids, *args, **kwargs)
+        if logits is not None:
+            top_q.extend(logits[0].softmax(-1).max(-1).values.tolist())
+        return ids, logits
+
+    monkeypatch.setattr(XPressCandidateGenerator, "get_candidates", spy)
+    stat, dof = _chi2(_sample_counts(target, drafter, prompt, 4, 1500, top_k=0), exact)
+    assert stat < _bound(dof), (stat, dof)
+    assert top_q and max(top_q) < 0.95, max(top_q)
+    original = XPressDrafterModel.propose
+
+    def greedy_drafts(self, hidden, base_logits, lead_tokens, noise=None, **kwargs):
+        return original(self, hidden, base_logits, lead_tokens, noise=None, **kwargs)
+
+    monkeypatch.setattr(XPressDrafterModel, "propose", greedy_drafts)
+    stat_greedy, dof_greedy = _chi2(_sample_counts(target, drafter, prompt, 4, 1500, top_k=0), exact)
+    assert stat_greedy > _bound(dof_greedy), (stat_greedy, dof_greedy)
 
 
 def _letters_tokenizer():

@@ -315,3 +315,25 @@ def test_custom_generate_tree_path_passes_on_the_streamer_and_stop_strings(publi
                           tokenizer=tokenizer, do_sample=False)
     assert out[0, ids.shape[1]:].tolist() == plain[: first + 1]
     assert streamer.puts[0] == PROMPTS[0] and sum(streamer.puts[1:], []) == plain[: first + 1] and streamer.ended
+
+
+def test_push_command_writes_a_local_folder_with_the_training_text(published, tmp_path, capsys):
+    from hf_xpress.cli import main
+
+    about = tmp_path / "training.md"
+    about.write_text("Trained for the test on nothing at all.")
+    out = tmp_path / "local-copy"
+    assert main(["push", str(published["folder"]), str(out), "--target", "tiny/Qwen3-tiny", "--local",
+                 "--training", str(about), "--no-custom-generate"]) == 0
+    assert "published to" in capsys.readouterr().out
+    card = (out / "README.md").read_text()
+    assert "Trained for the test on nothing at all." in card and not (out / "custom_generate").exists()
+    reloaded = XPressDrafterModel.from_pretrained(out)
+    original = published["drafter"].state_dict()
+    assert all(torch.equal(v, original[k]) for k, v in reloaded.state_dict().items())
+    with pytest.raises(SystemExit, match="--training 'notes/missing.md': no such file"):
+        main(["push", str(published["folder"]), str(tmp_path / "other"), "--target", "t", "--local",
+              "--training", "notes/missing.md"])
+    assert main(["push", str(published["folder"]), str(tmp_path / "text"), "--target", "t", "--local",
+                 "--training", "Two hours on a laptop."]) == 0
+    assert "Two hours on a laptop." in (tmp_path / "text" / "README.md").read_text()

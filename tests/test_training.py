@@ -1189,3 +1189,15 @@ def test_keep_freed_memory_stops_page_faults_on_reallocation():
         if default > pages // 2:
             break
     assert default > pages // 2, f"glibc's defaults: only {default} page faults for 10 steps reallocating {pages} pages"
+
+
+def test_train_command_line_becomes_the_run_config():
+    parser = argparse.ArgumentParser()
+    T.add_train_parser(parser.add_subparsers())
+    cfg = T.train_config(parser.parse_args(["train", "--data", "data/x", "--out", "runs/y", "--refiner", "none",
+                                            "--layer-ids", "1,14,27", "--no-draft-vocab", "--mixed-precision", "bf16",
+                                            "--loss-slots", "2", "--lr", "3e-4", "--refiner-dropout", "0.1"]))
+    assert (cfg.data, cfg.out, cfg.refiner, cfg.layer_ids) == ("data/x", "runs/y", None, [1, 14, 27])
+    assert (cfg.draft_vocab, cfg.mixed_precision, cfg.loss_slots, cfg.lr, cfg.refiner_dropout) == (False, "bf16", 2, 3e-4, 0.1)
+    default = T.train_config(parser.parse_args(["train"]))
+    assert default == T.TrainConfig(refiner="xpress")  # options left out keep the config's defaults

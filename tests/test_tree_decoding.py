@@ -69,14 +69,6 @@ def test_tree_equals_plain_generate(target, refiner, width, max_new_tokens):
         assert all(len(d) == width * p for d, p in zip(drafter.stats.drafts, drafter.stats.proposed))
 
 
-def test_logits_processors_see_each_nodes_own_prefix(target):
-    drafter = tiny_drafter(target, "xpress", num_assistant_tokens=4)
-    settings = dict(max_new_tokens=40, repetition_penalty=1.3, no_repeat_ngram_size=3)
-    for ids in _prompts(5):
-        plain = target.generate(ids, do_sample=False, **settings)
-        assert torch.equal(_tree_generate(target, ids, drafter, 3, **settings), plain)
-
-
 @pytest.mark.parametrize("refiner", ["xpress", "markov"])
 def test_trees_honour_the_refiner_shortlist_as_chains_do(target, refiner):
     """With refiner_shortlist = M the refiner re-scores only each slot's M best drafter tokens: a fixed tree's first
@@ -233,6 +225,23 @@ def oracle(monkeypatch):
     state["generators"] = _capture_generators(monkeypatch)
     monkeypatch.setattr(XPressDrafterModel, "propose_tree", propose_tree)
     return state
+
+
+def test_logits_processors_see_each_nodes_own_prefix(target, oracle):
+    """Processors that read the tokens before a position (repetition penalty, no-repeat n-grams) score each node after
+    its own path. The true continuation is planted in a random branch, so rounds accept drafts, often from side
+    branches: scoring a node after the wrong prefix would change the output (a random drafter alone is almost never
+    accepted, and would not show it)."""
+    drafter = tiny_drafter(target, "xpress", num_assistant_tokens=4)
+    settings = dict(max_new_tokens=40, repetition_penalty=1.3, no_repeat_ngram_size=3)
+    accepted = []
+    for ids in _prompts(5):
+        plain = target.generate(ids, do_sample=False, **settings)
+        oracle["continuation"] = plain[0]
+        assert torch.equal(_tree_generate(target, ids, drafter, 3, **settings), plain)
+        accepted += drafter.stats.accepted
+    side = sum(1 for (branch, good), a in zip(oracle["branches"], accepted) if branch > 0 and a > 1)
+    assert sum(accepted) > 40 and side > 5, (sum(accepted), side)
 
 
 @pytest.mark.parametrize("refiner", REFINERS)

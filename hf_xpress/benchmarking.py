@@ -1206,7 +1206,9 @@ def block_latency(
     device, dtype = target.device, target.dtype
     torch.manual_seed(seed)
     if drafter is None:
-        drafter = XPressDrafterModel.from_target(target, **{"refiner": "xpress", **drafter_overrides})
+        last = target.config.get_text_config().vocab_size - 1  # timing only: which mask id does not matter
+        drafter = XPressDrafterModel.from_target(target, **{"refiner": "xpress", "mask_token_id": last,
+                                                            **drafter_overrides})
     drafter = drafter.to(device=device, dtype=dtype).eval()
     cfg = drafter.config
     B = cfg.block_size

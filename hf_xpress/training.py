@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_xpress import INFERENCE_SETTINGS, XPressDrafterConfig
-from .modeling_xpress import XPressDrafterModel, XPressMarkovHead, XPressRefiner, top_candidates
+from .modeling_xpress import XPressDrafterModel, XPressMarkovHead, XPressRefiner, default_mask_token_id, top_candidates
 
 # ====================================================================================================================
 # 1. Data
@@ -1396,6 +1396,23 @@ def train_neighbours(heldout: list[int], train: list[int]) -> list[int]:
     return [i + 1 for i in heldout if i + 1 in in_train]
 
 
+def unused_token_id(data: Dataset, text_config) -> int:
+    """A mask token id for a new drafter: the target's default (`default_mask_token_id`: Qwen's reserved `<|MASK|>`,
+    else the last id) if it never occurs in `data`'s tokens, else the highest id that never does. The spec asks for
+    an id the target never sees in text; the default's last id is a real token in vocabularies without spare rows
+    (SmolLM2's 49151 is "ectable")."""
+    vocab_size = text_config.vocab_size
+    seen = np.bincount(np.asarray(data.tokens[: int(data.offsets[-1])], dtype=np.int64), minlength=vocab_size) > 0
+    preferred = default_mask_token_id(text_config)
+    if preferred < vocab_size and not seen[preferred]:
+        return preferred
+    unused = np.flatnonzero(~seen[:vocab_size])
+    if not len(unused):
+        raise ValueError(f"every one of the {vocab_size} token ids occurs in {data.manifest.get('sources', 'the data')}: "
+                         "pass --mask-token-id (an id the target never sees in chat, e.g. an unused special token)")
+    return int(unused[-1])
+
+
 def run_training_vocabulary(cfg: dict, vocab_size: int) -> np.ndarray:
     """The training vocabulary of a finished run from its saved config (same data, split and size as in training)."""
     data = Dataset.load(cfg["data"])
@@ -1490,7 +1507,7 @@ class TrainConfig:
     layer_ids: list[int] | None = None
     block_size: int = 16
     mask_token_id: int | None = None
-    refiner_rank: int = 128
+    refiner_rank: int = 256  # the spec's r (the shipped SmolLM2 drafters: 128, a CPU budget)
     train_vocab: int = 0  # >0: losses over the K most frequent target labels of the training split (CPU budget)
     loss_slots: int | None = None  # losses on slots 1..S of each block only (default all B-1; the blocks keep B tokens)
     gamma: float = 7.0
@@ -1664,8 +1681,11 @@ class Trainer:
             overrides = dict(num_hidden_layers=cfg.layers, block_size=cfg.block_size, refiner_rank=cfg.refiner_rank)
             if cfg.layer_ids:
                 overrides["target_layer_ids"] = list(cfg.layer_ids)
-            if cfg.mask_token_id is not None:
-                overrides["mask_token_id"] = cfg.mask_token_id
+            overrides["mask_token_id"] = cfg.mask_token_id
+            if cfg.mask_token_id is None:  # the spec: an id the target never sees in text
+                overrides["mask_token_id"] = unused_token_id(self.data, self.target.config.get_text_config())
+                print(f"[train] mask token id {overrides['mask_token_id']}: absent from the training data "
+                      "(--mask-token-id chooses another)", flush=True)
             if cfg.intermediate_size is not None:
                 overrides["intermediate_size"] = cfg.intermediate_size
             drafter = XPressDrafterModel.from_target(self.target, refiner=cfg.refiner, **overrides)

@@ -1201,3 +1201,34 @@ def test_train_command_line_becomes_the_run_config():
     assert (cfg.draft_vocab, cfg.mixed_precision, cfg.loss_slots, cfg.lr, cfg.refiner_dropout) == (False, "bf16", 2, 3e-4, 0.1)
     default = T.train_config(parser.parse_args(["train"]))
     assert default == T.TrainConfig(refiner="xpress")  # options left out keep the config's defaults
+
+
+def test_a_new_drafter_masks_with_an_id_its_training_data_never_holds(tmp_path):
+    """The spec's mask token is an id the target never sees in text. The default (the last id, Qwen's reserved
+    <|MASK|>) is kept when the data never holds it; else the highest id the data never holds; none: a clear error."""
+    target = tiny_llama()
+    data = tmp_path / "data"
+    T.write_sequences(data, [("a", [5, 6, V - 1, 7] * 6, 2), ("b", [V - 2, 8] * 10, 2)], V, {"sources": "test"})
+    ds = T.Dataset.load(data)
+    assert T.unused_token_id(ds, target.config) == V - 3  # V-1 and V-2 occur
+    full = tmp_path / "full"
+    T.write_sequences(full, [("all", list(range(V)) * 2, 2)], V, {"sources": "everything"})
+    with pytest.raises(ValueError, match="every one of the 128 token ids occurs in everything: pass --mask-token-id"):
+        T.unused_token_id(T.Dataset.load(full), target.config)
+    make_dataset(tmp_path / "labelled", target)  # tokens 3..V-3: the last id is free
+    trainer = T.Trainer(_cfg(tmp_path / "labelled", tmp_path / "run", mask_token_id=None), target=target)
+    assert trainer.drafter_config.mask_token_id == V - 1
+
+
+def test_from_target_warns_when_the_mask_token_is_a_guess():
+    from transformers.testing_utils import CaptureLogger
+
+    from hf_xpress import modeling_xpress
+
+    target = tiny_llama()
+    with CaptureLogger(modeling_xpress.logger) as guessed:
+        XPressDrafterModel.from_target(target, refiner=None, num_hidden_layers=1)
+    assert "mask_token_id defaults to the last vocabulary id (127)" in guessed.out
+    with CaptureLogger(modeling_xpress.logger) as chosen:
+        XPressDrafterModel.from_target(target, refiner=None, num_hidden_layers=1, mask_token_id=3)
+    assert chosen.out == ""

@@ -36,8 +36,11 @@ from transformers.models.qwen3.modeling_qwen3 import (
     eager_attention_forward,
     rotate_half,
 )
+from transformers.utils import logging
 
 from .configuration_xpress import XPressDrafterConfig
+
+logger = logging.get_logger(__name__)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -643,6 +646,13 @@ class XPressDrafterModel(XPressPreTrainedModel):
         rope = getattr(text, "rope_parameters", None)
         if rope and rope.get("rope_type", "default") == "default":
             kwargs["rope_parameters"] = dict(rope)
+        if "mask_token_id" not in overrides and kwargs["mask_token_id"] == text.vocab_size - 1:
+            logger.warning(
+                "XPressDrafterModel.from_target: mask_token_id defaults to the last vocabulary id (%d). It must be an "
+                "id the target never sees in text; in a vocabulary without spare rows it is a real token. Pass "
+                "mask_token_id= (an unused special token; `hf-xpress train` picks one absent from its data).",
+                kwargs["mask_token_id"],
+            )
         kwargs.update(overrides)
         config = XPressDrafterConfig(**kwargs)
         check_compatible(target.config, config)

@@ -260,7 +260,8 @@ def _tree_loop(model, input_ids, logits_processor, stopping_criteria, generation
         streamer.put(next_token.cpu())
     generator._keep_features(input_ids, outputs)  # the prompt's features
 
-    while not bool(stopping_criteria(input_ids, logits).all()):
+    # Stopping criteria get what plain `generate` gives them without output_scores: the ids, and None for scores.
+    while not bool(stopping_criteria(input_ids, None).all()):
         length = input_ids.shape[1]
         room = max_length - length - 1
         depth = min(generator.num_assistant_tokens, room)
@@ -300,7 +301,7 @@ def _tree_loop(model, input_ids, logits_processor, stopping_criteria, generation
         # Never past max_length, and nothing after the first token at which a stopping criterion fires (EOS, a stop
         # string, ...): plain `generate` checks them after every token.
         new = new[: max_length - length]
-        stop = first_stop(stopping_criteria, input_ids, new[:-1], logits[rows[: len(new) - 1]])
+        stop = first_stop(stopping_criteria, input_ids, new[:-1])
         new = new if stop is None else new[: stop + 1]  # (the last token is checked at the top of the loop)
         rows = rows[: len(new)]  # the anchor and the committed drafts; the last committed token is the next anchor
         keep_cache_rows(cache, length - 1, rows)
@@ -310,7 +311,6 @@ def _tree_loop(model, input_ids, logits_processor, stopping_criteria, generation
         # The drafter's context: the path's target features (`_keep_features` takes the rows it has not seen).
         generator._keep_features(input_ids, SimpleNamespace(hidden_states=tuple(
             None if h is None else h[:, rows] for h in outputs.hidden_states)))
-        logits = logits[rows[-1] : rows[-1] + 1]
         if proposed > 0:
             stats.draft_time += drafted - start
             stats.refine_time += refined - drafted

@@ -244,6 +244,31 @@ def test_logits_processors_see_each_nodes_own_prefix(target, oracle):
     assert sum(accepted) > 40 and side > 5, (sum(accepted), side)
 
 
+class _CallRecorder(StoppingCriteria):
+    """Never stops; records each call's sequence length and the scores it was handed."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.calls.append((input_ids.shape[1], scores))
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+def test_stopping_criteria_are_called_as_plain_generate_calls_them(target, oracle):
+    """After every committed token, in order, with the scores plain `generate` hands them (None without
+    output_scores), also inside rounds that commit several tokens."""
+    drafter = tiny_drafter(target, "xpress", num_assistant_tokens=4)
+    settings = dict(max_new_tokens=30, repetition_penalty=1.3)
+    ids = _prompts(5)[4]
+    plain_calls, tree_calls = _CallRecorder(), _CallRecorder()
+    plain = target.generate(ids, stopping_criteria=StoppingCriteriaList([plain_calls]), do_sample=False, **settings)
+    oracle["continuation"] = plain[0]
+    ours = _tree_generate(target, ids, drafter, 3, stopping_criteria=StoppingCriteriaList([tree_calls]), **settings)
+    assert torch.equal(ours, plain) and max(drafter.stats.accepted) > 1  # rounds that commit several tokens
+    assert tree_calls.calls == plain_calls.calls and len(plain_calls.calls) == 30
+
+
 @pytest.mark.parametrize("refiner", REFINERS)
 def test_accepted_side_branches_keep_exactly_the_path_in_both_caches(target, refiner, oracle):
     drafter = tiny_drafter(target, refiner, num_assistant_tokens=5)

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import types
 
-from transformers import StopStringCriteria, StoppingCriteriaList
+from transformers import StoppingCriteriaList
 
-from .generation import XPressCandidateGenerator, is_xpress_drafter
+from .generation import XPressCandidateGenerator, is_xpress_drafter, stop_string_criteria
 from .modeling_xpress import XPressDrafterModel
 from .tree_decoding import tree_decoding
 
@@ -65,9 +65,7 @@ def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_pas
         if kwargs.get("streamer") is not None:
             kwargs["tree_streamer"] = kwargs.pop("streamer")
         if kwargs.get("stop_strings"):
-            if kwargs.get("tokenizer") is None:
-                raise ValueError("stop_strings need the target's tokenizer: pass tokenizer= to generate.")
-            stop = StopStringCriteria(kwargs["tokenizer"], kwargs.pop("stop_strings"))
+            stop = stop_string_criteria(kwargs.get("tokenizer"), kwargs.pop("stop_strings"))
             kwargs["stopping_criteria"] = StoppingCriteriaList([*(kwargs.get("stopping_criteria") or []), stop])
         kwargs.pop("tokenizer", None)
         return type(model).generate(model, *args, custom_generate=tree_decoding, drafter=drafter,

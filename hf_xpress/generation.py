@@ -148,9 +148,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         # complete before its last token would not stop generation: drafts end before any such token.
         self.stop = None
         if generation_config.stop_strings:
-            if tokenizer is None:
-                raise ValueError("stop_strings need the target's tokenizer: pass tokenizer= to generate.")
-            self.stop = StopStringCriteria(tokenizer, generation_config.stop_strings)
+            self.stop = stop_string_criteria(tokenizer, generation_config.stop_strings)
         # Sampling verifies drafts against their logits (rejection sampling) only while which drafts are submitted does
         # not depend on their own values. Cutting drafts before a stop string does (a draft is dropped because of what
         # it is), which would skew the output; with stop strings transformers instead samples the target and keeps the
@@ -355,15 +353,22 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             self._proposed_this_round = 0
 
 
-def first_stop(criteria, input_ids: torch.LongTensor, tokens: list[int], scores: torch.Tensor | None = None) -> int | None:
+def first_stop(criteria, input_ids: torch.LongTensor, tokens: list[int]) -> int | None:
     """The index of the first of `tokens` at which stopping `criteria` fire, appending them to `input_ids` (`[1, n]`)
-    one at a time (plain `generate` checks after every token); None if none does. `scores`: `[len(tokens), V]`, the
-    scores each token was chosen from, for criteria that read them."""
+    one at a time (plain `generate` checks after every token, handing its criteria no scores without output_scores);
+    None if none does."""
     for j in range(len(tokens)):
         sequence = torch.cat([input_ids, input_ids.new_tensor([tokens[: j + 1]])], dim=1)
-        if bool(criteria(sequence, None if scores is None else scores[j : j + 1]).any()):
+        if bool(criteria(sequence, None).any()):
             return j
     return None
+
+
+def stop_string_criteria(tokenizer, stop_strings) -> StopStringCriteria:
+    """transformers' criterion for `stop_strings`, with a clear error when the tokenizer it needs is missing."""
+    if tokenizer is None:
+        raise ValueError("stop_strings need the target's tokenizer: pass tokenizer= to generate.")
+    return StopStringCriteria(tokenizer, stop_strings)
 
 
 def is_xpress_drafter(model) -> bool:

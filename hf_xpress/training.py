@@ -123,6 +123,21 @@ def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
+def _replace_folder(new: Path, final: Path) -> None:
+    """Move the complete folder `new` into place as `final`: the previous `final` goes aside to `final.old` first (one
+    left there by an earlier kill is removed) and is removed at the end, so a kill at any point leaves a complete
+    folder under one of the names (training checkpoints and shipped drafters are replaced this way)."""
+    import shutil
+
+    old = final.with_name(final.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(new, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def _id_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 65536 else np.dtype(np.int32)
 
@@ -1678,14 +1693,15 @@ class Trainer:
                 base, _, _ = rebuilt(base, refiner=cfg.refiner, refiner_rank=cfg.refiner_rank)
             drafter = grow_layers(base, cfg.grow_layers) if cfg.grow_layers else base
         else:
-            overrides = dict(num_hidden_layers=cfg.layers, block_size=cfg.block_size, refiner_rank=cfg.refiner_rank)
+            mask = cfg.mask_token_id
+            if mask is None:  # the spec: an id the target never sees in text
+                mask = unused_token_id(self.data, self.target.config.get_text_config())
+                print(f"[train] mask token id {mask}: absent from the training data (--mask-token-id chooses another)",
+                      flush=True)
+            overrides = dict(num_hidden_layers=cfg.layers, block_size=cfg.block_size, refiner_rank=cfg.refiner_rank,
+                             mask_token_id=mask)
             if cfg.layer_ids:
                 overrides["target_layer_ids"] = list(cfg.layer_ids)
-            overrides["mask_token_id"] = cfg.mask_token_id
-            if cfg.mask_token_id is None:  # the spec: an id the target never sees in text
-                overrides["mask_token_id"] = unused_token_id(self.data, self.target.config.get_text_config())
-                print(f"[train] mask token id {overrides['mask_token_id']}: absent from the training data "
-                      "(--mask-token-id chooses another)", flush=True)
             if cfg.intermediate_size is not None:
                 overrides["intermediate_size"] = cfg.intermediate_size
             drafter = XPressDrafterModel.from_target(self.target, refiner=cfg.refiner, **overrides)
@@ -1847,7 +1863,7 @@ class Trainer:
         one complete checkpoint that `load_checkpoint` finds."""
         import shutil
 
-        final, tmp, old = (self.out / name for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+        final, tmp = self.out / "checkpoint", self.out / "checkpoint.tmp"
         self.accel.wait_for_everyone()
         if self.accel.is_main_process and tmp.exists():  # a save killed before it completed
             shutil.rmtree(tmp)
@@ -1857,13 +1873,7 @@ class Trainer:
             _write_atomic(tmp / "trainer_state.json", json.dumps({"state": self.state, "history": self.history,
                                                                   "config": asdict(self.cfg),
                                                                   "earlier_runs": self.earlier_runs}, indent=1))
-            if final.exists():
-                if old.exists():  # left by a save killed while removing it
-                    shutil.rmtree(old)
-                os.replace(final, old)
-            os.replace(tmp, final)
-            if old.exists():
-                shutil.rmtree(old)
+            _replace_folder(tmp, final)
         self.accel.wait_for_everyone()
 
     def latest_checkpoint(self) -> Path | None:
@@ -2310,13 +2320,7 @@ def ship_main(args: argparse.Namespace) -> int:
     except BaseException:
         shutil.rmtree(out, ignore_errors=True)
         raise
-    old = final_out.with_name(final_out.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
-    if final_out.exists():
-        os.replace(final_out, old)
-    os.replace(out, final_out)
-    shutil.rmtree(old, ignore_errors=True)
+    _replace_folder(out, final_out)
     print(f"[ship] {final_out}: {sum(f.stat().st_size for f in final_out.iterdir()) / 1e6:.1f} MB")
     return 0
 
@@ -2333,11 +2337,12 @@ def _ship_card(args: argparse.Namespace, run: Path, out: Path, name: str) -> Non
         saved = json.loads(whole_run.read_text())
     cfg, state, history = saved["config"], saved["state"], saved["history"]
     inference += _set_draft_vocab(out, getattr(args, "draft_vocab", "keep"), cfg)
-    if not (Path(cfg["data"]) / "manifest.json").exists():
+    try:
+        data = Dataset.load(cfg["data"])
+    except FileNotFoundError:
         raise SystemExit(f"ship: the run's dataset {cfg['data']!r} is not here (a relative path is read from the "
-                         f"directory training ran in; run ship from there)")
-    manifest = json.loads((Path(cfg["data"]) / "manifest.json").read_text())
-    data = Dataset.load(cfg["data"])
+                         f"directory training ran in; run ship from there)") from None
+    manifest = data.manifest
     used, _, heldout = training_split(data.num_labelled, cfg.get("max_sequences"), cfg["heldout_every"])
     labelled_tokens = int(data.offsets[used])
     extended = "".join(

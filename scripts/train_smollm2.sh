@@ -555,6 +555,26 @@ PY
     for arm in ${REG_ARMS:-wd1 drop0.1}; do arms+=("xpress-r$arm"); done
     tau_dev_arms "${arms[@]}"
     ;;
+  ce-scratch)
+    # Twenty-fifth session: CE alone for the whole refiner objective from the start of a run (ce-ab continued an
+    # already trained folder, whose drafter scores the spec's TV share had made over-confident). Two xPress drafters
+    # from random weights on mix7 with the eleventh run's per-step recipe (slots 1..2, 8 sequences), lr 1e-3 (the
+    # from-scratch runs' rate), SCRATCH_STEPS (3000) steps, side by side, 1 thread each: the spec's 0.1 x CE + 0.9 x TV
+    # against CE alone. Held-out every 500 steps on the later runs' split (48 sequences x 24 anchors).
+    for arm in "0.1 0.9" "1 0"; do
+      set -- $arm
+      out="runs/smollm2-xpress-scratch-ce$1"
+      [[ -d "$out/final" ]] && continue
+      hf-xpress train "${COMMON[@]}" --data data/smollm2-mix7 --feature-cache "$MIX7_CACHE" --refiner xpress \
+        --loss-slots 2 --batch-size 8 --max-steps "${SCRATCH_STEPS:-3000}" --eval-every 500 --heldout-seqs 48 \
+        --eval-anchors 24 --ce-weight "$1" --tv-weight "$2" --out "$out" >> "$out.log" 2>&1 &
+    done
+    wait
+    ;;
+  tau-ce-scratch)
+    # ce-scratch's two arms as tau-ce-ab measured ce-ab's (development split, 6-node dynamic trees 4 deep, TEMPS).
+    tau_dev_arms xpress-scratch-ce0.1 xpress-scratch-ce1
+    ;;
   grow-probe)
     # Capacity probe before a ninth run: the eighth run's dFlash drafter continues PROBE_STEPS (600) steps on mix7 as it
     # is (2 layers) and grown to 4 (--grow-layers 2: the new layers start as the identity), side by side, at a low lr

@@ -223,8 +223,7 @@ class RefinerTables:
     GPU and is faster than bfloat16 for such small matmuls on a CPU."""
 
     key: tuple
-    hidden_in: torch.Tensor  # [r, H]: in_proj[:, :r] @ down_h
-    pooled_in: torch.Tensor  # [r, H]: in_proj[:, r:2r] @ down_g
+    hidden_in: torch.Tensor  # [H, 2r]: (in_proj[:, :r] @ down_h).T, then (in_proj[:, r:2r] @ down_g).T
     token_in: torch.Tensor  # [V, r] (model dtype): w1 @ in_proj[:, 2r:].T, the Fuse input of every token
     mixer: torch.Tensor  # [B, B, r]: the folded mixer (`mix.folded()`), indexed [k, j, channel]
     gate_up: torch.Tensor  # [r, 2 * hidden]: the Trans MLP's gate and up projections, stacked and transposed
@@ -253,9 +252,9 @@ class XPressRefiner(nn.Module):
     def tables(self) -> RefinerTables:
         """Weight products for inference, computed (in float32) once and rebuilt whenever a weight changes.
 
-        They fold Fuse's projections: `in_proj(cat(down_h h, down_g g, w1 x))` = `h @ hidden_in.T + g @ pooled_in.T
-        + token_in[x]`, so a Jacobi pass reads one row per token instead of an embedding and a matmul. The token table
-        is as large as `w1`.
+        They fold Fuse's projections: `in_proj(cat(down_h h, down_g g, w1 x))` = `h @ hidden_in[:, :r] + g @
+        hidden_in[:, r:] + token_in[x]`, so a Jacobi pass reads one row per token instead of an embedding and a
+        matmul. The token table is as large as `w1`.
         """
         mlp = self.mlp
         params = (self.w1.weight, self.in_proj.weight, self.down_h.weight, self.down_g.weight, self.mix.L,
@@ -268,8 +267,8 @@ class XPressRefiner(nn.Module):
         with torch.no_grad():
             tables = RefinerTables(
                 key=key,
-                hidden_in=w[:, :r] @ self.down_h.weight.float(),
-                pooled_in=w[:, r : 2 * r] @ self.down_g.weight.float(),
+                hidden_in=torch.cat([w[:, :r] @ self.down_h.weight.float(),
+                                     w[:, r : 2 * r] @ self.down_g.weight.float()]).T.contiguous(),
                 token_in=(self.w1.weight.float() @ w[:, 2 * r :].T).to(self.w1.weight.dtype),
                 mixer=self.mix.folded().detach().float().permute(1, 2, 0).contiguous(),
                 gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach().float().T.contiguous(),
@@ -281,10 +280,10 @@ class XPressRefiner(nn.Module):
     def hidden_part(self, hidden: torch.Tensor, tables: RefinerTables | None = None) -> torch.Tensor:
         """The token-independent part of `in_proj`, computed once per block. hidden: `[N, B, H]` -> `[N, B, r]`
         (float32 with `tables`)."""
+        if tables is not None:  # one matmul for both parts: the projection of the mean is the mean of the projections
+            own, pooled = (hidden.float() @ tables.hidden_in).chunk(2, dim=-1)
+            return own + pooled.mean(dim=1, keepdim=True)
         pooled = hidden.mean(dim=1, keepdim=True)
-        if tables is not None:
-            hidden, pooled = hidden.float(), pooled.float()
-            return hidden @ tables.hidden_in.T + pooled @ tables.pooled_in.T
         r = self.rank
         w = self.in_proj.weight
         return self.down_h(hidden) @ w[:, :r].T + self.down_g(pooled) @ w[:, r : 2 * r].T
@@ -335,13 +334,16 @@ class XPressRefiner(nn.Module):
         return (x.unsqueeze(-2) @ rows.transpose(-1, -2)).squeeze(-2)
 
     def shortlist_scores(
-        self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, base: torch.Tensor, rows_t: torch.Tensor,
+        self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, base: torch.Tensor, rows: torch.Tensor,
         start: int, tables: RefinerTables,
     ) -> torch.Tensor:
         """Inference: `base + delta_shortlist(...)` in one read-out op. base: `[N, B - start, M]` float32 scores;
-        rows_t: `w2.weight[candidates]` float32, transposed, `[N, B - start, r, M]`. Returns `[N, B - start, M]`."""
+        rows: `w2.weight[candidates]` float32, `[N, B - start, M, r]`. Returns `[N, B - start, M]`."""
         x = self.features(hidden_part, prev_tokens, start, None, tables)
-        out = torch.baddbmm(base.flatten(0, 1).unsqueeze(1), x.flatten(0, 1).unsqueeze(1), rows_t.flatten(0, 1))
+        # rows transposed as a view: BLAS reads it as is, where a contiguous copy per block cost more than all passes'
+        # strided reads
+        out = torch.baddbmm(base.flatten(0, 1).unsqueeze(1), x.flatten(0, 1).unsqueeze(1),
+                            rows.flatten(0, 1).transpose(-1, -2))
         return out.view_as(base)
 
     def forward(self, hidden: torch.Tensor, prev_tokens: torch.LongTensor) -> torch.Tensor:
@@ -819,11 +821,11 @@ class XPressDrafterModel(XPressPreTrainedModel):
         else:
             candidates = _token_ids(columns, vocab_ids)
             base, cand_noise, rows = _gather_shortlist(base_logits, noise, columns, candidates, self.refiner.w2.weight)
-            rows_t = rows.float().transpose(-1, -2).contiguous()  # [1, S, r, M], for the fused read-out
+            rows = rows.float()  # [1, S, M, r], for the fused read-out
             seed_scores = base
 
             def rescore(prev: torch.LongTensor, start: int) -> torch.Tensor:
-                new = self.refiner.shortlist_scores(hidden_part, prev, base[:, start:], rows_t[:, start:], start + 1, tables)
+                new = self.refiner.shortlist_scores(hidden_part, prev, base[:, start:], rows[:, start:], start + 1, tables)
                 scores[:, start:] = new
                 return new
 

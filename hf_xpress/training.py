@@ -2388,8 +2388,8 @@ Trained with `hf-xpress train` (see `scripts/` and `docs/training.md` in the hf-
   `{refiner}` (rank {cfg['refiner_rank']}); {_count_parameters(out) / 1e6:.2f}M parameters stored as bf16 safetensors.
 - **Objective**: {'dFlash CE against the target argmax' if refiner is None else ('teacher-forced + 0.6 x drafter-anchor' if refiner == 'markov' else 'teacher-forced + 0.3 x mean of 3 free-running Jacobi rounds + 0.6 x drafter-anchor')}{'' if refiner is None else f", each {cfg.get('ce_weight', 0.1)} x CE + {cfg.get('tv_weight', 0.9)} x TV(q, p_target)"}, slot weights exp(-(k-1)/{cfg['gamma']}).
   Losses over the {cfg['train_vocab'] or 'full'} most frequent target labels of the training split (training vocabulary; the
-  refiner's output rows for other tokens are zero). Inference uses the full vocabulary (`refiner_shortlist`, if set
-  below, only limits the refiner's correction to the drafter's top candidates).
+  refiner's output rows for other tokens are zero). Drafts at inference are restricted to the draft vocabulary when the
+  folder has one (below); `refiner_shortlist`, if set, only limits the refiner's correction to the drafter's top candidates.
 - **Budget**: {state['step']} steps x {cfg['batch_size']} sequences x {cfg['anchors_per_seq']} anchors = {state['blocks']} blocks{f" (losses on slots 1..{cfg['loss_slots']} of each)" if cfg.get('loss_slots') else ''},
   {state['tokens']} training tokens (target tokens read), {state['train_seconds'] / 60:.1f} minutes of training on {_training_device(cfg, state)}
   ({cfg['mixed_precision']} autocast); AdamW lr {cfg['lr']}, {_regularisation(cfg)}, cosine, {cfg['warmup']:.0%} warm-up, clip {cfg['clip']}; {state['skipped']} skipped steps.
@@ -2496,7 +2496,7 @@ def _set_draft_vocab(folder: Path, choice: str, cfg: dict) -> str:
     size = XPressDrafterConfig.from_pretrained(folder).draft_vocab_size
     if size is None:
         return ""
-    return (f"- **Draft vocabulary**: drafts among {size} token ids (`draft_vocab`, the training vocabulary below); "
+    return (f"- **Draft vocabulary**: drafts among {size} token ids (`draft_vocab`, the training vocabulary above); "
             "`drafter.set_draft_vocab(None)` drafts over the whole vocabulary.\n")
 
 

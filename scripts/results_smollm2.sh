@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Reproduces the committed SmolLM2-135M-Instruct benchmark results: run on a quiet machine. `drafts`, `run3*` and
-# `draft-vocab` measure the third run's folders, `run4*` the fourth run's (both from git history), `run5*` the fifth
-# run's (drafters/ now); `block`,
-# `bf16` and `fp32` measure drafters/ as it is (their committed results came from the folders shipped at the time:
-# `folders_at COMMIT` in scripts/folders_at.sh extracts those).
+# `draft-vocab` measure the third run's folders, `run4*` the fourth run's (both from git history); every other stage
+# (`run5*` and later, `block*`, `tree*`, `dyn*`, `bf16`, `fp32`) measures drafters/ as it is now (their committed
+# results came from the folders shipped at the time: `folders_at COMMIT` in scripts/folders_at.sh extracts those).
 #
 #   bash scripts/results_smollm2.sh block   # per-block latency, full vocabulary and refiner_shortlist=64
 #   bash scripts/results_smollm2.sh bf16    # end to end, bf16, greedy and T = 1, every method

@@ -183,11 +183,25 @@ def _is_complete(folder: Path, sha256: str) -> bool:
     )
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # e.g. another user's process
+        return True
+    return True
+
+
 def _remove_stale_tmp_dirs(root: Path, prefix: str) -> None:
-    """Delete temp folders left by conversions that were killed over an hour ago."""
+    """Delete temp folders left by conversions that were killed: over an hour old, and their process (the pid in
+    the name, `{prefix}{pid}-...`) no longer running on this machine; a long conversion still running is kept."""
     now = time.time()
     for path in root.glob(prefix + "*"):
         try:
+            pid = path.name[len(prefix):].split("-", 1)[0]
+            if pid.isdigit() and _pid_alive(int(pid)):
+                continue
             if path.is_dir() and now - path.stat().st_mtime > _STALE_TMP_SECONDS:
                 shutil.rmtree(path, ignore_errors=True)
         except OSError:
@@ -284,6 +298,7 @@ def materialize(
     root.mkdir(parents=True, exist_ok=True)
     prefix = f".{out.name}.tmp-"
     _remove_stale_tmp_dirs(root, prefix)
+    prefix += f"{os.getpid()}-"  # so that another process can tell a running conversion from a killed one
     tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
     joined = None
     try:

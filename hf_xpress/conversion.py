@@ -102,6 +102,18 @@ class ConversionError(ValueError):
 # --------------------------------------------------------------------------------------------------------------------
 
 
+class _CheckpointConfig(dict):
+    """A checkpoint's parsed config.json: reading a field it lacks is a `ConversionError` naming field and file."""
+
+    def __init__(self, raw: dict, path: Path):
+        super().__init__(raw)
+        self.path = path
+
+    def __missing__(self, key):
+        raise ConversionError(f"{self.path} has no {key!r}, which this checkpoint format needs: the config is "
+                              "incomplete, or the folder is not the format it was read as.")
+
+
 def _read_config(folder: Path) -> dict:
     path = folder / "config.json"
     if not path.is_file():
@@ -112,39 +124,43 @@ def _read_config(folder: Path) -> dict:
         raise ConversionError(f"{path} is not valid JSON ({err}); the checkpoint is corrupt.") from err
     if not isinstance(raw, dict):
         raise ConversionError(f"{path} does not hold a JSON object; the checkpoint is corrupt.")
-    return raw
+    return _CheckpointConfig(raw, path)
+
+
+def _load_bin(path: Path) -> dict[str, torch.Tensor]:
+    """A `pytorch_model*.bin` state dict, tensors only (`torch.load(weights_only=True)`)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:  # weights_only=True refused a pickled object
+        raise ConversionError(
+            f"Refusing to load {path}: it pickles Python objects that torch.load(weights_only=True) does not allow "
+            f"({err}); re-save it with save_pretrained (safetensors)."
+        ) from err
+    if not isinstance(state, dict):
+        raise ConversionError(f"{path} does not hold a state dict.")
+    return state
 
 
 def read_state_dict(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint folder: `model.safetensors`, a sharded index, or `pytorch_model.bin`."""
+    """All tensors of a checkpoint folder: `model.safetensors` or `pytorch_model.bin`, each whole or sharded with
+    its `.index.json`."""
     folder = Path(folder)
     try:
-        single = folder / "model.safetensors"
-        if single.is_file():
-            return load_file(single)
-        index = folder / "model.safetensors.index.json"
-        if index.is_file():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            state: dict[str, torch.Tensor] = {}
-            for shard in shards:
-                state.update(load_file(folder / shard))
-            return state
-        binary = folder / "pytorch_model.bin"
-        if binary.is_file():
-            state = torch.load(binary, map_location="cpu", weights_only=True)
-            if not isinstance(state, dict):
-                raise ConversionError(f"{binary} does not hold a state dict.")
-            return state
-    except pickle.UnpicklingError as err:  # weights_only=True refused a pickled object
-        raise ConversionError(
-            f"Refusing to load {folder / 'pytorch_model.bin'}: it pickles Python objects that "
-            f"torch.load(weights_only=True) does not allow ({err}); re-save it with save_pretrained (safetensors)."
-        ) from err
+        for name, load in (("model.safetensors", load_file), ("pytorch_model.bin", _load_bin)):
+            if (folder / name).is_file():
+                return load(folder / name)
+            index = folder / f"{name}.index.json"
+            if index.is_file():
+                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+                state: dict[str, torch.Tensor] = {}
+                for shard in shards:
+                    state.update(load(folder / shard))
+                return state
     except (SafetensorError, OSError, KeyError, json.JSONDecodeError, RuntimeError) as err:
         raise ConversionError(
             f"Could not read the weights in {folder}: {err}. The checkpoint is corrupt or incomplete."
         ) from err
-    raise ConversionError(f"{folder} holds no weights (model.safetensors, an index, or pytorch_model.bin).")
+    raise ConversionError(f"{folder} holds no weights (model.safetensors or pytorch_model.bin, whole or sharded).")
 
 
 def detect_format(source: str | os.PathLike) -> str:
@@ -518,6 +534,9 @@ def load_refiner_checkpoint(path: str | os.PathLike, *, strict: bool = True) -> 
             f"(and 'args'), found {keys}."
         )
     args = ckpt.get("args")
+    if not isinstance(args, (argparse.Namespace, dict, type(None))):
+        raise ConversionError(f"{path}: 'args' is a {type(args).__name__}; an official refiner checkpoint stores its "
+                              "training arguments as an argparse.Namespace or a dict.")
     args = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
     state = _strip_prefixes(ckpt["refiner_state_dict"])
     state = {DEEPSPEC_MARKOV_KEYS.get(k, k): v for k, v in state.items()}
@@ -884,7 +903,7 @@ def load_checkpoint(
     elif fmt in ("vllm_xpress", "vllm_dspark"):
         drafter = load_vllm(source, target=target, dtype=dtype)
     else:  # our own folders
-        kwargs = {} if dtype is None else {"dtype": _dtype(dtype, torch.float32)}
+        kwargs = {} if dtype in (None, "auto") else {"dtype": _dtype(dtype, torch.float32)}  # "auto": as stored
         drafter = XPressDrafterModel.from_pretrained(source, **kwargs).eval()
     if refiner is not None:
         if drafter.config.refiner is not None:

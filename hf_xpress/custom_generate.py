@@ -72,21 +72,19 @@ def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_pas
                                     tree_width=int(tree_width), tree_budget=tree_budget, lookup_branch=lookup_branch,
                                     **kwargs)
     original_get = type(model)._get_candidate_generator
-    original_passes = drafter.config.jacobi_passes
 
     def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
                                  assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
         if assistant_model is drafter and generation_config.speculation_type != "dflash":
-            return XPressCandidateGenerator(self, drafter, generation_config, logits_processor, target_tokenizer)
+            # this call's passes go to its generator; the drafter (shared by every call) is left as it is
+            return XPressCandidateGenerator(self, drafter, generation_config, logits_processor, target_tokenizer,
+                                            jacobi_passes=jacobi_passes)
         return original_get(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
                             assistant_model, target_tokenizer, assistant_tokenizer)
 
     # Only this call on this model: an instance attribute shadows the class method and is removed afterwards.
     model._get_candidate_generator = types.MethodType(_get_candidate_generator, model)
-    if jacobi_passes is not None:
-        drafter.config.jacobi_passes = int(jacobi_passes)
     try:
         return type(model).generate(model, *args, assistant_model=drafter, **kwargs)
     finally:
-        del model._get_candidate_generator
-        drafter.config.jacobi_passes = original_passes
+        vars(model).pop("_get_candidate_generator", None)

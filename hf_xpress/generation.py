@@ -114,8 +114,14 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         generation_config: GenerationConfig,
         logits_processor: LogitsProcessorList | None = None,
         tokenizer=None,
+        jacobi_passes: int | None = None,
     ):
+        """`jacobi_passes`: xPress passes per block for this generator only (None: the drafter config's)."""
         check_compatible(target.config, assistant_model.config)
+        if jacobi_passes is not None and (isinstance(jacobi_passes, bool) or not isinstance(jacobi_passes, int)
+                                          or jacobi_passes < 0):
+            raise ValueError(f"jacobi_passes must be an integer >= 0, got {jacobi_passes!r}.")
+        self.jacobi_passes = jacobi_passes
         super().__init__(
             assistant_model=assistant_model,
             main_model_input_embeddings=target.get_input_embeddings(),
@@ -229,6 +235,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             hidden,
             base_logits,
             lead_tokens=input_ids[:, -2:].to(base_logits.device),
+            passes=self.jacobi_passes,
             noise=noise,
             logits_hook=self._logits_hook(input_ids) if self.logits_processor else None,
             vocab_ids=vocab_ids,

@@ -109,7 +109,7 @@ REMOTE_CODE_FILES = ("configuration_xpress.py", "modeling_xpress.py")
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _DRAFTER_MARKER = "__HF_XPRESS_DRAFTER__"
 
-CUSTOM_GENERATE_REQUIREMENTS = "torch>=2.5\ntransformers>=5.23\n"
+CUSTOM_GENERATE_REQUIREMENTS = "torch>=2.5\ntransformers>=5.24\n"
 
 CUSTOM_GENERATE_CARD = """
 ## Without hf-xpress: `custom_generate`
@@ -238,6 +238,9 @@ def push_to_hub(drafter, repo_id: str, **kwargs) -> str:
     return publish(drafter, repo_id, push=True, **kwargs)
 
 
+TEXT_SUFFIXES = (".md", ".markdown", ".txt", ".rst")  # a --training value ending so names a file, not a description
+
+
 def _run_push(args) -> int:
     from .conversion import load_checkpoint
 
@@ -246,7 +249,7 @@ def _run_push(args) -> int:
     training = args.training
     if training and Path(training).is_file():
         training = Path(training).read_text()
-    elif training and not any(c.isspace() for c in training) and (os.sep in training or Path(training).suffix):
+    elif training and not any(c.isspace() for c in training) and Path(training).suffix.lower() in TEXT_SUFFIXES:
         raise SystemExit(f"hf-xpress push: --training {training!r}: no such file (pass the description's text, or a "
                          "file that exists)")
     where = publish(

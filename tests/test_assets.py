@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -530,3 +531,25 @@ def test_large_models_convert_and_answer(name: str, layers: int, hidden: int, pa
     with torch.no_grad():
         out = model.generate(torch.tensor([ids]), max_new_tokens=24, do_sample=False)
     assert "def " in tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)
+
+
+def test_only_temp_folders_of_killed_conversions_are_removed(tmp_path: Path) -> None:
+    """A conversion's temp folder is named after its process: an old folder whose process still runs (a long
+    conversion) stays; an old one whose process is gone, or with no pid in its name, goes; a recent one stays."""
+    import subprocess
+
+    prefix = ".model.tmp-"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    folders = {
+        "running": tmp_path / f"{prefix}{os.getpid()}-abc",
+        "killed": tmp_path / f"{prefix}{int(gone.stdout)}-def",
+        "unnamed": tmp_path / f"{prefix}xyz",
+        "recent": tmp_path / f"{prefix}{int(gone.stdout)}-new",
+    }
+    old = time.time() - 2 * assets._STALE_TMP_SECONDS
+    for name, folder in folders.items():
+        folder.mkdir()
+        if name != "recent":
+            os.utime(folder, (old, old))
+    assets._remove_stale_tmp_dirs(tmp_path, prefix)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([folders["running"].name, folders["recent"].name])

@@ -781,3 +781,81 @@ def test_foreign_and_corrupt_folders_are_refused(tmp_path, target):
     assert XPressDrafterModel.from_pretrained(write_zlab(tmp_path / "zlab")).config.refiner is None
     with pytest.raises(ValueError, match="not an xPress drafter checkpoint .*use `hf_xpress.conversion`"):
         XPressDrafterModel.from_pretrained(tmp_path / "qwen3")
+
+
+def test_a_config_missing_a_required_field_is_a_clear_error(tmp_path, capsys):
+    folder = write_zlab(tmp_path / "zlab")
+    raw = json.loads((folder / "config.json").read_text())
+    del raw["intermediate_size"]
+    (folder / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(cv.ConversionError, match=r"config.json has no 'intermediate_size'"):
+        cv.load_checkpoint(folder)
+    from hf_xpress.cli import main
+
+    assert main(["convert", str(folder), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "has no 'intermediate_size'" in err and "Traceback" not in err
+
+
+def test_refiner_pt_whose_args_are_not_a_namespace_is_refused(tmp_path):
+    path = write_refiner_pt(tmp_path / "list-args.pt", args=["--xpress-rank", "16"])
+    with pytest.raises(cv.ConversionError, match="'args' is a list"):
+        cv.load_refiner_checkpoint(path)
+
+
+def test_bfloat16_checkpoints_load_as_stored_with_float32_rope(tmp_path, target):
+    """A bf16 z-lab folder converts to bf16 weights with float32 RoPE frequencies, and the converted folder loads the
+    same way with dtype=None or "auto" (as stored), drafting exactly what the conversion drafted."""
+    weights = {k: v.to(torch.bfloat16) for k, v in zlab_weights(0).items()}
+    zlab = write_zlab(tmp_path / "zlab-bf16", weights)
+    converted = cv.load_checkpoint(zlab, target=target)
+    assert converted.fc.weight.dtype == torch.bfloat16
+    assert all(b.dtype == torch.float32 for b in converted.rotary_emb.buffers())
+    converted.save_pretrained(tmp_path / "ours")
+    features, block, _ = inputs(target)
+    expected = ours(converted, features.to(torch.bfloat16), block.to(torch.bfloat16))
+    for dtype in (None, "auto"):
+        loaded = cv.load_checkpoint(tmp_path / "ours", dtype=dtype)
+        assert loaded.fc.weight.dtype == torch.bfloat16, dtype
+        assert all(b.dtype == torch.float32 for b in loaded.rotary_emb.buffers())
+        torch.testing.assert_close(ours(loaded, features.to(torch.bfloat16), block.to(torch.bfloat16)), expected,
+                                   rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("sharded", [False, True])
+def test_pytorch_model_bin_folders_whole_or_sharded_convert_like_safetensors(tmp_path, target, sharded):
+    weights = zlab_weights(0)
+    reference = cv.load_checkpoint(write_zlab(tmp_path / "st", weights), target=target)
+    folder = tmp_path / "bin"
+    write_zlab(folder, weights)
+    (folder / "model.safetensors").unlink()
+    if sharded:
+        names = sorted(weights)
+        halves = {"pytorch_model-00001-of-00002.bin": names[::2], "pytorch_model-00002-of-00002.bin": names[1::2]}
+        for shard, keys in halves.items():
+            torch.save({k: weights[k] for k in keys}, folder / shard)
+        weight_map = {k: shard for shard, keys in halves.items() for k in keys}
+        (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    else:
+        torch.save(weights, folder / "pytorch_model.bin")
+    converted = cv.load_checkpoint(folder, target=target)
+    for (name, a), (_, b) in zip(reference.state_dict().items(), converted.state_dict().items()):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
+
+
+def test_from_pretrained_on_a_foreign_folder_honours_its_options(tmp_path):
+    """`XPressDrafterModel.from_pretrained` converting a z-lab folder on load: subfolder, dtype (also the torch_dtype
+    alias), device_map and attn_implementation apply; an option conversion can not honour is refused by name."""
+    repo = tmp_path / "repo"
+    write_zlab(repo / "drafter")
+    with pytest.raises(ValueError, match="not an xPress drafter checkpoint"):
+        XPressDrafterModel.from_pretrained(repo)  # the root holds no checkpoint
+    model = XPressDrafterModel.from_pretrained(repo, subfolder="drafter", torch_dtype=torch.bfloat16,
+                                               device_map="cpu", attn_implementation="eager")
+    assert model.fc.weight.dtype == torch.bfloat16 and model.fc.weight.device.type == "cpu"
+    assert model.config._attn_implementation == "eager"
+    assert XPressDrafterModel.from_pretrained(repo / "drafter", dtype=torch.float16).fc.weight.dtype == torch.float16
+    with pytest.raises(ValueError, match="converted on load, .* not quantization_config"):
+        XPressDrafterModel.from_pretrained(repo / "drafter", quantization_config={"load_in_8bit": True})
+    with pytest.raises(ValueError, match="device_map dict"):
+        XPressDrafterModel.from_pretrained(repo / "drafter", device_map={"": "cpu"})

@@ -201,7 +201,7 @@ def test_published_folder_loads_in_fresh_processes_and_generates_like_the_origin
         argv = [str(folder), str(tmp / "target"), str(out)]
         procs[name] = (_run(script.format(**fmt), argv, work, args), out)
     reference = reference_run(published["target"], published["drafter"], monkeypatch)  # meanwhile, in this process
-    assert any(any(a > 0 for a in run["accepted"]) or run["drafts"] for run in reference)
+    assert any(a > 0 for run in reference for a in run["accepted"])  # the drafter's tokens are really accepted
 
     results = {}
     for name, (proc, out) in procs.items():
@@ -292,6 +292,27 @@ def test_custom_generate_without_a_drafter_is_a_clear_error(published, tmp_path)
         )
 
 
+def test_custom_generate_jacobi_passes_apply_to_that_call_only(published):
+    """The recipe's `jacobi_passes=` sets the passes of its own call's generator; the drafter, shared by every call
+    (and cached by the recipe), keeps its configured passes; a bad value is refused by name."""
+    target, drafter, folder = published["target"], published["drafter"], str(published["folder"])
+    ids = torch.tensor([PROMPTS[0]])
+    plain = target.generate(ids, max_new_tokens=MAX_NEW, do_sample=False)
+    configured = drafter.config.jacobi_passes
+    assert configured == 3
+    out = target.generate(ids, custom_generate=folder, trust_remote_code=True, max_new_tokens=MAX_NEW, do_sample=False,
+                          assistant_model=drafter, jacobi_passes=0)
+    assert out.tolist() == plain.tolist() and set(drafter.stats.passes) == {0}
+    assert drafter.config.jacobi_passes == configured
+    target.generate(ids, custom_generate=folder, trust_remote_code=True, max_new_tokens=MAX_NEW, do_sample=False,
+                    assistant_model=drafter)
+    assert max(drafter.stats.passes) > 0  # the configured passes again (early stop may end a block sooner)
+    with pytest.raises(ValueError, match="jacobi_passes must be an integer >= 0, got -2"):
+        target.generate(ids, custom_generate=folder, trust_remote_code=True, max_new_tokens=MAX_NEW,
+                        assistant_model=drafter, jacobi_passes=-2)
+    assert "_get_candidate_generator" not in vars(target)
+
+
 def test_custom_generate_tree_path_passes_on_the_streamer_and_stop_strings(published):
     """generate() hands a custom_generate callable neither `streamer` nor `tokenizer`; the Hub recipe gives them to
     tree_decoding (its `tree_streamer`, and stop strings as a stopping criterion), so both work as on chains."""
@@ -337,3 +358,7 @@ def test_push_command_writes_a_local_folder_with_the_training_text(published, tm
     assert main(["push", str(published["folder"]), str(tmp_path / "text"), "--target", "t", "--local",
                  "--training", "Two hours on a laptop."]) == 0
     assert "Two hours on a laptop." in (tmp_path / "text" / "README.md").read_text()
+    for short in ("N/A", "v1.0"):  # one-word descriptions are text, not missing files
+        assert main(["push", str(published["folder"]), str(tmp_path / "short"), "--target", "t", "--local",
+                     "--training", short]) == 0
+        assert short in (tmp_path / "short" / "README.md").read_text()

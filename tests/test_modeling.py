@@ -427,3 +427,38 @@ def test_top_candidates_is_an_exact_top_k(vocab, k):
     assert ids.shape == (1, 15, k)
     expected = logits.topk(k, dim=-1).indices
     assert torch.equal(ids.sort(-1).values, expected.sort(-1).values)
+
+
+def test_a_transformers_release_before_the_cache_rename_is_refused_at_import():
+    from hf_xpress.modeling_xpress import MIN_TRANSFORMERS, check_transformers_version
+
+    with pytest.raises(ImportError, match=r"transformers >= 5\.24 \(installed: 5\.23\.0\)"):
+        check_transformers_version("5.23.0")
+    check_transformers_version(MIN_TRANSFORMERS + ".0")
+    check_transformers_version("5.30.0.dev0")
+    # the floor users install with is the one the code checks
+    from pathlib import Path
+
+    from hf_xpress.hub import CUSTOM_GENERATE_REQUIREMENTS
+
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert f'"transformers>={MIN_TRANSFORMERS},<6"' in pyproject
+    assert f"transformers>={MIN_TRANSFORMERS}\n" in CUSTOM_GENERATE_REQUIREMENTS
+
+
+def test_rope_frequencies_stay_float32_however_the_drafter_is_cast(tmp_path):
+    drafter = tiny_drafter(tiny_target(), refiner="xpress")
+    reference = {name: b.clone() for name, b in drafter.rotary_emb.named_buffers()}
+    assert reference and all(b.dtype == torch.float32 for b in reference.values())
+    drafter.to(torch.bfloat16)
+    assert drafter.fc.weight.dtype == torch.bfloat16  # the weights are cast ...
+    for name, b in drafter.rotary_emb.named_buffers():  # ... the frequencies are not
+        assert b.dtype == torch.float32
+        torch.testing.assert_close(b, reference[name], rtol=0, atol=0)
+    drafter.save_pretrained(tmp_path)
+    loaded = XPressDrafterModel.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    for name, b in loaded.rotary_emb.named_buffers():
+        torch.testing.assert_close(b, reference[name], rtol=0, atol=0)
+    drafter.half().float()  # any cast, there and back
+    for name, b in drafter.rotary_emb.named_buffers():
+        torch.testing.assert_close(b, reference[name], rtol=0, atol=0)

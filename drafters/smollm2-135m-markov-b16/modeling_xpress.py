@@ -18,12 +18,14 @@ Hub remote code without the `hf_xpress` package.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import transformers
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache
@@ -42,6 +44,20 @@ from .configuration_xpress import XPressDrafterConfig
 
 logger = logging.get_logger(__name__)
 
+MIN_TRANSFORMERS = "5.24"  # model outputs and generate's model kwargs name the KV cache `cache` from 5.24 on
+
+
+def check_transformers_version(installed: str) -> None:
+    """Refuse a transformers release older than `MIN_TRANSFORMERS`, which would fail deep inside `generate`."""
+    from packaging.version import Version
+
+    if Version(installed) < Version(MIN_TRANSFORMERS):
+        raise ImportError(f"xPress drafters need transformers >= {MIN_TRANSFORMERS} (installed: {installed}); "
+                          f"pip install -U 'transformers>={MIN_TRANSFORMERS}'")
+
+
+check_transformers_version(transformers.__version__)
+
 
 # --------------------------------------------------------------------------------------------------------------------
 # dFlash layers
@@ -53,7 +69,18 @@ class XPressRMSNorm(Qwen3RMSNorm):
 
 
 class XPressRotaryEmbedding(Qwen3RotaryEmbedding):
-    pass
+    """Qwen3's RoPE, whose frequencies stay float32 under `model.to(dtype)`, as `from_pretrained(dtype=...)` leaves
+    them: a bfloat16 `inv_freq` shifts the rotation angles by up to ~0.4% (more at longer distances), so the same
+    checkpoint would draft differently depending on how it was cast."""
+
+    def _apply(self, fn, recurse: bool = True):
+        kept = {name: b for name, b in self._buffers.items() if b is not None and b.dtype == torch.float32}
+        super()._apply(fn, recurse)
+        for name, before in kept.items():
+            after = self._buffers[name]
+            if after is not None and after.dtype != torch.float32:
+                self._buffers[name] = before.to(after.device)
+        return self
 
 
 class XPressAttention(nn.Module):
@@ -672,7 +699,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
             raw, _ = XPressDrafterConfig.get_config_dict(pretrained_model_name_or_path, **config_kwargs)
             model_type = raw.get("model_type")
             if model_type != XPressDrafterConfig.model_type:
-                converted = _convert_foreign_folder(pretrained_model_name_or_path, kwargs.get("dtype"))
+                converted = _convert_foreign_folder(pretrained_model_name_or_path, kwargs)
                 if converted is not None:
                     return converted
                 raise ValueError(
@@ -1060,20 +1087,43 @@ def top_candidates(logits: torch.Tensor, k: int, bucket: int = 64) -> torch.Long
     return ids.gather(-1, logits.gather(-1, ids).topk(k, dim=-1).indices)
 
 
-def _convert_foreign_folder(path, dtype) -> "XPressDrafterModel | None":
-    """A local z-lab dFlash, MuseGlimmer or vLLM-export folder, converted with `hf_xpress.conversion` when the package
-    is installed (this file also runs as remote code without it). None when that does not apply."""
+FOREIGN_LOAD_OPTIONS = ("dtype", "torch_dtype", "device_map", "attn_implementation", "subfolder", "cache_dir",
+                        "revision", "token", "local_files_only")
+
+
+def _convert_foreign_folder(path, options: dict) -> "XPressDrafterModel | None":
+    """A local z-lab dFlash, MuseGlimmer or vLLM-export folder (`path`, or its `subfolder`), converted with
+    `hf_xpress.conversion` when the package is installed (this file also runs as remote code without it), with the
+    `from_pretrained` options that apply to it (dtype, device_map, attn_implementation; the Hub's options mean nothing
+    for a local folder). None when that does not apply."""
     try:
         from hf_xpress.conversion import ConversionError, detect_format, load_checkpoint
     except ImportError:
         return None
+    folder = os.path.join(path, options["subfolder"]) if options.get("subfolder") else path
     try:
-        fmt = detect_format(path)
+        fmt = detect_format(folder)
     except ConversionError:
         return None
     if fmt not in ("dflash", "muse_glimmer", "vllm_xpress", "vllm_dspark"):
         return None
-    return load_checkpoint(path, dtype=dtype).eval()
+    other = sorted(k for k in options if k not in FOREIGN_LOAD_OPTIONS and options[k] is not None)
+    if other:
+        raise ValueError(f"{folder} is a {fmt} checkpoint, converted on load, which supports the from_pretrained "
+                         f"options {', '.join(FOREIGN_LOAD_OPTIONS)}, not {', '.join(other)}: convert it first "
+                         "(`hf-xpress convert`) and load the converted folder.")
+    dtype = options.get("dtype", options.get("torch_dtype"))
+    model = load_checkpoint(folder, dtype=dtype).eval()
+    device = options.get("device_map")
+    if isinstance(device, dict):
+        raise ValueError(f"{folder}: a device_map dict can not split a drafter converted on load; pass one device.")
+    if device is not None:
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        model.to(torch.device(device))
+    if options.get("attn_implementation") is not None:
+        model.set_attn_implementation(options["attn_implementation"])
+    return model
 
 
 def _attention_bias(attention_mask: torch.Tensor | None, q: int, kv: int, dtype: torch.dtype) -> torch.Tensor | None:

@@ -17,7 +17,11 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
+from transformers.utils import logging
+
 from .configuration_xpress import XPressDrafterConfig
+
+logger = logging.get_logger(__name__)
 
 _TEMPLATE_IN_REPO = Path(__file__).resolve().parent.parent / "model_cards" / "drafter.md"
 _REFINER_TITLES = {"xpress": "dFlash + xPress", "markov": "dFlash + Markov head", None: "dFlash"}
@@ -123,7 +127,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 target = AutoModelForCausalLM.from_pretrained("{target}")
 tokenizer = AutoTokenizer.from_pretrained("{target}")
 inputs = tokenizer("Write a haiku about rain.", return_tensors="pt")
-out = target.generate(**inputs, custom_generate="{repo_id}", trust_remote_code=True, max_new_tokens=256)
+out = target.generate(**inputs, custom_generate="{repo_id}", trust_remote_code=True, max_new_tokens=256{drafter_arg})
 print(tokenizer.decode(out[0]))
 ```
 
@@ -228,8 +232,15 @@ def publish(
     )
     if custom_generate:
         write_custom_generate(folder, repo_id)
+        drafter_arg = ""
+        if repo_id is None:  # the recipe does not know which repository it will be uploaded to: the card says it
+            logger.warning("Publishing %s without repo_id: its custom_generate/ recipe names no drafter, so callers "
+                           "pass xpress_drafter= (the model card shows it); pass repo_id= to name the repository.",
+                           folder)
+            drafter_arg = f', xpress_drafter="{card_repo_id}"'
         card = folder / "README.md"
-        card.write_text(card.read_text().rstrip() + "\n" + CUSTOM_GENERATE_CARD.format(target=target, repo_id=card_repo_id))
+        card.write_text(card.read_text().rstrip() + "\n" + CUSTOM_GENERATE_CARD.format(
+            target=target, repo_id=card_repo_id, drafter_arg=drafter_arg))
     return folder
 
 

@@ -114,7 +114,7 @@ def test_published_folder_holds_weights_config_remote_code_card_and_custom_gener
     card = (folder / "README.md").read_text()
     assert "base_model: tiny/Qwen3-tiny" in card and "block size 8" in card and "Random weights, for tests." in card
     assert "| gsm8k | 6.48 | 10.11 |" in card and f'AutoModel.from_pretrained("{REPO_ID}")' in card
-    assert f'custom_generate="{REPO_ID}"' in card
+    assert f'custom_generate="{REPO_ID}", trust_remote_code=True, max_new_tokens=256)' in card  # its own repo: no drafter argument
     generate_py = (folder / "custom_generate" / "generate.py").read_text()
     assert f"DRAFTER = {REPO_ID!r}" in generate_py
     imports = [line for line in generate_py.splitlines() if line.startswith(("import ", "from "))]
@@ -271,6 +271,8 @@ def test_custom_generate_without_a_drafter_is_a_clear_error(published, tmp_path)
     folder = hub.publish(published["drafter"], tmp_path / "no-repo", target="tiny/Qwen3-tiny", push=False)
     text = (Path(folder) / "custom_generate" / "generate.py").read_text()
     assert 'DRAFTER = "__HF_XPRESS_DRAFTER__"' in text  # published without a repo id: nothing to load by default
+    card = (Path(folder) / "README.md").read_text()  # ... so the card's example names the drafter itself
+    assert 'custom_generate="no-repo", trust_remote_code=True, max_new_tokens=256, xpress_drafter="no-repo")' in card
     with pytest.raises(ValueError, match="names no drafter"):
         published["target"].generate(
             torch.tensor([PROMPTS[0]]), custom_generate=str(folder), trust_remote_code=True, max_new_tokens=3

@@ -104,6 +104,23 @@ class XPressStats:
         }
 
 
+def check_generation_options(target, generation_config: GenerationConfig) -> None:
+    """Refuse generate() options that speculative decoding with an xPress drafter would silently get wrong."""
+    if generation_config.guidance_scale is not None and generation_config.guidance_scale != 1:
+        raise ValueError(
+            f"guidance_scale={generation_config.guidance_scale} (classifier-free guidance) is not supported with an "
+            "xPress drafter: its logits processor runs the model on the unconditional prompt and keeps state from "
+            "call to call, which scoring drafts would advance, so the output would differ from plain generate."
+        )
+    attention = getattr(target.config, "_attn_implementation", None)
+    if generation_config.output_attentions and generation_config.return_dict_in_generate and attention != "eager":
+        raise ValueError(
+            f"output_attentions=True with an xPress drafter needs the target's attn_implementation='eager' (it is "
+            f"{attention!r}, which returns no attention weights; transformers' assisted decoding fails on them too): "
+            "load the target with attn_implementation='eager'."
+        )
+
+
 class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
     """Candidates from an `XPressDrafterModel`: one dFlash forward, then the refiner (see module docstring)."""
 
@@ -118,6 +135,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
     ):
         """`jacobi_passes`: xPress passes per block for this generator only (None: the drafter config's)."""
         check_compatible(target.config, assistant_model.config)
+        check_generation_options(target, generation_config)
         if jacobi_passes is not None and (isinstance(jacobi_passes, bool) or not isinstance(jacobi_passes, int)
                                           or jacobi_passes < 0):
             raise ValueError(f"jacobi_passes must be an integer >= 0, got {jacobi_passes!r}.")
@@ -387,6 +405,12 @@ def install() -> None:
     """Route `generate(assistant_model=<xPress drafter>)` to `XPressCandidateGenerator`. Idempotent.
 
     `speculation_type="dflash"` keeps transformers' native DFlash generator (drafter alone, no refiner).
+
+    Two private `GenerationMixin` methods are wrapped, here only (`uninstall` restores both):
+    - `_get_candidate_generator`: the one place transformers picks an assisted-decoding candidate generator.
+    - `_extract_generation_mode_kwargs`: for a `custom_generate` callable it keeps only the arguments `_sample` lacks,
+      so the `streamer` that `generate` has already fed the prompt to, and the `tokenizer` its stop strings need,
+      never reach the callable. For callables marked `takes_generate_streamer` (`tree_decoding`) they are passed on.
     """
     original = GenerationMixin._get_candidate_generator
     if getattr(original, "_hf_xpress", False):
@@ -408,16 +432,32 @@ def install() -> None:
             )
         return original(self, *args, **kwargs)
 
-    _get_candidate_generator._hf_xpress = True
-    _get_candidate_generator._hf_xpress_original = original
-    GenerationMixin._get_candidate_generator = _get_candidate_generator
+    original_extract = GenerationMixin._extract_generation_mode_kwargs
+    extract_signature = inspect.signature(original_extract)
+
+    @functools.wraps(original_extract)
+    def _extract_generation_mode_kwargs(self, *args, **kwargs):
+        bound = extract_signature.bind(self, *args, **kwargs)
+        tokenizer = (bound.arguments.get("kwargs") or {}).get("tokenizer")  # the original pops it
+        out = original_extract(self, *args, **kwargs)
+        if getattr(bound.arguments.get("custom_generate"), "takes_generate_streamer", False):
+            extra = {"streamer": bound.arguments.get("streamer"), "tokenizer": tokenizer}
+            out.update({k: v for k, v in extra.items() if v is not None})
+        return out
+
+    for name, wrapper, wrapped in (("_get_candidate_generator", _get_candidate_generator, original),
+                                   ("_extract_generation_mode_kwargs", _extract_generation_mode_kwargs, original_extract)):
+        wrapper._hf_xpress = True
+        wrapper._hf_xpress_original = wrapped
+        setattr(GenerationMixin, name, wrapper)
 
 
 def uninstall() -> None:
-    """Restore transformers' own `_get_candidate_generator`."""
-    current = GenerationMixin._get_candidate_generator
-    if getattr(current, "_hf_xpress", False):
-        GenerationMixin._get_candidate_generator = current._hf_xpress_original
+    """Restore transformers' own `_get_candidate_generator` and `_extract_generation_mode_kwargs`."""
+    for name in ("_get_candidate_generator", "_extract_generation_mode_kwargs"):
+        current = getattr(GenerationMixin, name)
+        if getattr(current, "_hf_xpress", False):
+            setattr(GenerationMixin, name, current._hf_xpress_original)
 
 
 __all__ = ["XPressCandidateGenerator", "XPressStats", "first_stop", "install", "is_xpress_drafter", "uninstall"]

@@ -36,9 +36,10 @@ per slot for all branches.
 It plugs into transformers' public `custom_generate` hook (a callable): `generate` prepares the generation config,
 logits processors, stopping criteria and the cache, then hands the decoding loop to `tree_decoding`. transformers
 passes such a callable only the keyword arguments its signature adds to `_sample`'s, so the drafter comes as
-`drafter=` (not `assistant_model=`), and neither a `streamer` nor a `tokenizer` given to `generate` reaches it: a
-streamer comes as `tree_streamer=` (it gets the prompt, every committed token and `end()`, as `generate` streams), and
-stop strings as `stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer, [...])])`. Every stopping
+`drafter=` (not `assistant_model=`). Neither the `streamer` nor the `tokenizer` given to `generate` would reach it;
+`hf_xpress.install()` (run on import) passes both on, so `streamer=` and `stop_strings=` with `tokenizer=` work as
+for chains (the streamer gets the prompt, every committed token and `end()`). Without that hook (the Hub recipe run
+as remote code) a streamer comes as `tree_streamer=` and stop strings as a stopping criterion. Every stopping
 criterion is checked after each committed token, so the output stops where plain `generate` stops.
 
 With `prompt_lookup_num_tokens` (a generation setting, as for chains), a round first tries transformers' prompt
@@ -193,6 +194,8 @@ def tree_decoding(
     tree_budget: int | None = None,
     lookup_branch: bool = False,
     tree_streamer=None,
+    streamer=None,
+    tokenizer=None,
     **model_kwargs,
 ) -> torch.LongTensor:
     """Greedy or sampled decoding with tree verification (see the module docstring); returns `[1, n + new]` ids.
@@ -203,8 +206,11 @@ def tree_decoding(
     highest path probability, growing `tree_width` children from each of the `tree_width` best nodes per slot;
     lookup_branch: with `prompt_lookup_num_tokens`, lookup's continuation joins the drafter's tree as a branch
     (`add_branch`) instead of replacing it;
-    tree_streamer: a transformers streamer (`TextStreamer`, `TextIteratorStreamer`, ...) fed as `generate` feeds its
-    `streamer` (which `generate` does not pass to a `custom_generate` callable; pass the streamer here instead).
+    streamer: `generate`'s own `streamer`, which it has fed the prompt to (passed on by `hf_xpress`'s `install()`
+    hook; transformers alone does not pass it to a `custom_generate` callable); tokenizer: likewise, for stop strings
+    (`generate` builds their stopping criterion from it);
+    tree_streamer: a streamer (`TextStreamer`, `TextIteratorStreamer`, ...) fed here as `generate` feeds its `streamer`,
+    prompt included: for callers without the hook (the Hub recipe run as remote code).
     """
     if drafter is None or not is_xpress_drafter(drafter):
         raise ValueError("tree_decoding needs drafter=<an xPress drafter>, e.g. generate(ids, custom_generate="
@@ -225,23 +231,31 @@ def tree_decoding(
         raise ValueError("tree_decoding returns token ids only; return_dict_in_generate=True is not supported.")
     mask = model_kwargs.get("attention_mask")
     if mask is not None and not bool(mask.all()):
-        raise ValueError("tree_decoding takes an unpadded prompt (its attention_mask has zeros).")
+        raise ValueError("tree_decoding takes an unpadded prompt, and its attention_mask has zeros: a padded prompt, "
+                         "or, with no attention_mask given, pad_token_id occurring in the prompt (transformers masks "
+                         "those positions); pass attention_mask=torch.ones_like(input_ids) if they are real tokens.")
     cache = model_kwargs.get("cache")
     if cache is None:
         cache = DynamicCache(config=model.config)
-    generator = XPressCandidateGenerator(model, drafter, generation_config, logits_processor)
+    generator = XPressCandidateGenerator(model, drafter, generation_config, logits_processor, tokenizer)
     if lookup_branch and generator.lookup is None:
         raise ValueError("lookup_branch=True adds prompt lookup's continuation to the tree: it needs "
                          "prompt_lookup_num_tokens=N (lookup's drafts per round), e.g. 10.")
 
+    if tree_streamer is not None and streamer is not None:
+        raise ValueError("Pass either generate's streamer= or tree_decoding's tree_streamer=, not both.")
     if tree_streamer is not None:
-        tree_streamer.put(input_ids.cpu())  # the prompt, as `generate` puts it
+        tree_streamer.put(input_ids.cpu())  # the prompt, as `generate` puts it (it did for `streamer`)
+    streamer = tree_streamer if tree_streamer is not None else streamer
     try:
         return _tree_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter, generator,
-                          cache, tree_width, tree_budget, lookup_branch, tree_streamer)
+                          cache, tree_width, tree_budget, lookup_branch, streamer)
     finally:
-        if tree_streamer is not None:  # also after an error: a TextIteratorStreamer's consumer must not wait forever
-            tree_streamer.end()
+        if streamer is not None:  # also after an error: a TextIteratorStreamer's consumer must not wait forever
+            streamer.end()
+
+
+tree_decoding.takes_generate_streamer = True  # hf_xpress.install() passes it generate's streamer and tokenizer
 
 
 def _tree_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter, generator, cache,

@@ -452,15 +452,20 @@ def test_uninstall_restores_transformers_and_install_is_idempotent():
     target = tiny_target("llama")
     drafter = tiny_drafter(target, "xpress")
     wrapped = GenerationMixin._get_candidate_generator
+    wrapped_extract = GenerationMixin._extract_generation_mode_kwargs
     hf_xpress.install()
     assert GenerationMixin._get_candidate_generator is wrapped  # already installed: unchanged
+    assert GenerationMixin._extract_generation_mode_kwargs is wrapped_extract
     made = []
     original = wrapped._hf_xpress_original
+    original_extract = wrapped_extract._hf_xpress_original
     try:
         hf_xpress.uninstall()
         assert GenerationMixin._get_candidate_generator is original
+        assert GenerationMixin._extract_generation_mode_kwargs is original_extract
         hf_xpress.uninstall()  # a second time: nothing to undo
         assert GenerationMixin._get_candidate_generator is original
+        assert GenerationMixin._extract_generation_mode_kwargs is original_extract
 
         def spy(self, *args, **kwargs):
             made.append(type(original(self, *args, **kwargs)))
@@ -475,6 +480,7 @@ def test_uninstall_restores_transformers_and_install_is_idempotent():
         GenerationMixin._get_candidate_generator = original
         hf_xpress.install()
     assert GenerationMixin._get_candidate_generator._hf_xpress
+    assert GenerationMixin._extract_generation_mode_kwargs._hf_xpress
     target.generate(torch.tensor([[1, 2, 3]]), assistant_model=drafter, max_new_tokens=4, do_sample=False)
     assert drafter.stats is not None and drafter.stats.rounds > 0
 
@@ -496,6 +502,33 @@ def test_streamer_receives_exactly_the_generated_tokens(target):
     ids = torch.randint(0, 126, (1, 6))
     out = target.generate(ids, assistant_model=tiny_drafter(target), max_new_tokens=25, streamer=streamer)
     assert streamer.ended and streamer.tokens == out[0].tolist()  # prompt first, then each accepted chunk
+
+
+def test_options_drafting_would_get_wrong_are_refused_on_both_paths(target):
+    """Classifier-free guidance (its processor runs the model and keeps state that scoring drafts would advance: the
+    output differed from plain generate even with no draft accepted) and output_attentions without eager attention
+    (transformers' assisted decoding fails on the missing weights) are clear errors, on chains and on trees."""
+    from hf_xpress import tree_decoding
+
+    drafter = tiny_drafter(target, "xpress")
+    ids = torch.randint(0, 126, (1, 9), generator=torch.Generator().manual_seed(0))
+    for path in ({"assistant_model": drafter}, {"custom_generate": tree_decoding, "drafter": drafter, "tree_width": 2}):
+        with pytest.raises(ValueError, match="guidance_scale=1.5 .* not supported with an xPress drafter"):
+            target.generate(ids, max_new_tokens=6, do_sample=False, guidance_scale=1.5, **path)
+    assert target.config._attn_implementation != "eager"
+    with pytest.raises(ValueError, match="output_attentions=True .* needs the target's attn_implementation='eager'"):
+        target.generate(ids, max_new_tokens=6, do_sample=False, output_attentions=True, return_dict_in_generate=True,
+                        assistant_model=drafter)
+    attention = target.config._attn_implementation
+    target.set_attn_implementation("eager")  # with eager attention the weights exist, and the output equals plain
+    try:
+        plain = target.generate(ids, max_new_tokens=6, do_sample=False, output_attentions=True,
+                                return_dict_in_generate=True)
+        ours = target.generate(ids, max_new_tokens=6, do_sample=False, output_attentions=True,
+                               return_dict_in_generate=True, assistant_model=drafter)
+        assert torch.equal(ours.sequences, plain.sequences) and len(ours.attentions) == len(plain.attentions)
+    finally:
+        target.set_attn_implementation(attention)
 
 
 def test_batch_size_above_one_is_a_clear_error(target):

@@ -22,6 +22,14 @@ def test_default_target_layer_ids_follow_the_dflash_rule():
     assert default_target_layer_ids(30, 1) == [15]
     assert default_target_layer_ids(30, 2) == [1, 27]
     assert XPressDrafterConfig().target_layer_ids == [1, 9, 17, 25, 33]
+    # shallow targets (L - 3 < 2): every drafter layer reads layer 1, a valid id (the spread gave 1, -1 for L = 2)
+    assert default_target_layer_ids(2, 2) == [1, 1] and default_target_layer_ids(3, 3) == [1, 1, 1]
+    assert default_target_layer_ids(5, 2) == [1, 2]
+    for layers in range(1, 12):
+        for drafts in range(1, 6):
+            assert all(0 <= i < layers for i in default_target_layer_ids(layers, drafts)), (layers, drafts)
+    shallow = tiny_target("qwen3", num_hidden_layers=2)
+    assert XPressDrafterModel.from_target(shallow, num_hidden_layers=2).config.target_layer_ids == [1, 1]
 
 
 def test_from_target_derives_every_target_field(target):

@@ -589,6 +589,8 @@ def test_unsupported_requests_are_clear_errors(target):
         _tree_generate(target, ids, drafter, 2, max_new_tokens=4, assistant_ensemble_weight=0.5)
     with pytest.raises(ValueError, match="unpadded"):
         _tree_generate(target, ids, drafter, 2, max_new_tokens=4, attention_mask=torch.tensor([[0, 1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match="pad_token_id occurring in the prompt"):  # transformers' mask, not the user's
+        _tree_generate(target, ids, drafter, 2, max_new_tokens=4, pad_token_id=int(ids[0, 2]))
     other = tiny_target("qwen3", num_hidden_layers=4)
     with pytest.raises(ValueError, match="built for another target"):
         _tree_generate(target, ids, tiny_drafter(other), 2, max_new_tokens=4)
@@ -628,6 +630,39 @@ def test_tree_streamer_gets_the_prompt_every_token_and_the_end(target):
     finally:
         XPressDrafterModel.propose_tree = original
     assert broken.ended  # a consumer iterating the streamer is released
+
+
+def test_generates_own_streamer_and_stop_strings_reach_the_tree(target):
+    """transformers hands a custom_generate callable neither `streamer` nor `tokenizer`; hf_xpress's install() hook
+    passes them to tree_decoding, so `streamer=` (prompt once, every token, `end()`) and `stop_strings=` with
+    `tokenizer=` behave as for plain generate. Without the hook the streamer would get the prompt and never end."""
+    from tokenizers import Tokenizer, decoders
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+    from transformers import PreTrainedTokenizerFast
+
+    drafter = tiny_drafter(target, "xpress", num_assistant_tokens=3)
+    ids = _prompts(4)[3]
+    plain = target.generate(ids, max_new_tokens=16, do_sample=False)
+    streamer = RecordingStreamer()
+    out = _tree_generate(target, ids, drafter, 2, max_new_tokens=16, streamer=streamer)
+    assert torch.equal(out, plain)
+    assert streamer.puts[0] == ids[0].tolist() and streamer.ended
+    assert sum(streamer.puts[1:], []) == out[0, ids.shape[1]:].tolist()
+    with pytest.raises(ValueError, match="either generate's streamer= or tree_decoding's tree_streamer="):
+        _tree_generate(target, ids, drafter, 2, max_new_tokens=4, streamer=RecordingStreamer(),
+                       tree_streamer=RecordingStreamer())
+
+    # (StopStringCriteria decodes each token after a fixed prefix, "abcdef", which must be a token of its own)
+    backend = Tokenizer(WordLevel({**{f"<{i}>": i for i in range(128)}, "abcdef": 128}, unk_token="<0>"))
+    backend.pre_tokenizer, backend.decoder = Whitespace(), decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    new = plain[0, ids.shape[1]:].tolist()
+    stop = f"<{new[5]}>"  # plain generate stops at this token's first occurrence
+    expected = target.generate(ids, max_new_tokens=16, do_sample=False, stop_strings=[stop], tokenizer=tokenizer)
+    assert expected.shape[1] < plain.shape[1]
+    out = _tree_generate(target, ids, drafter, 2, max_new_tokens=16, stop_strings=[stop], tokenizer=tokenizer)
+    assert torch.equal(out, expected)
 
 
 def test_a_sliding_window_target_is_refused_with_the_reason():

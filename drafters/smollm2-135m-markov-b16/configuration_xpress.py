@@ -17,14 +17,16 @@ INFERENCE_SETTINGS = ("jacobi_passes", "jacobi_early_stop", "refiner_shortlist",
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
-    """The dFlash rule: one target layer per drafter layer, spread uniformly from layer 1 to layer L-3.
+    """The dFlash rule: one target layer per drafter layer, spread uniformly from layer 1 to layer L-3 (layer 1 alone
+    for targets of at most 4 layers, where L-3 < 2).
 
     A 1-layer drafter reads the middle layer ``L // 2``.
     """
     if num_draft_layers == 1:
         return [num_target_layers // 2]
-    span = num_target_layers - 4
-    return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+    first = min(1, num_target_layers - 1)
+    last = max(num_target_layers - 3, first)  # a target of 4 layers or fewer: every drafter layer reads layer 1
+    return [int(round(first + i * (last - first) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
 
 
 @strict

@@ -137,6 +137,9 @@ first tokens, each continued on its own branch.
 """
 
 
+PUBLISHED_PATTERNS = ["*.safetensors", "model.safetensors.index.json", "custom_generate/*"]
+
+
 def _is_repo_id(name: str) -> bool:
     """Whether a destination reads as a Hub repo id (`user/name`) rather than a local folder: not an existing path,
     and its first part not an existing local folder (`drafters/new-one` is a folder to create)."""
@@ -218,7 +221,10 @@ def publish(
 
             api = HfApi(token=token)
             api.create_repo(repo_id, private=private, exist_ok=True)
-            info = api.upload_folder(repo_id=repo_id, folder_path=tmp, commit_message=commit_message)
+            # what publish writes replaces its earlier upload: stale weight shards or recipe files of a previous
+            # push go; anything else a user added to the repository stays
+            info = api.upload_folder(repo_id=repo_id, folder_path=tmp, commit_message=commit_message,
+                                     delete_patterns=PUBLISHED_PATTERNS)
         return str(getattr(info, "commit_url", None) or f"https://huggingface.co/{repo_id}")
 
     folder = Path(destination)

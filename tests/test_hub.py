@@ -234,7 +234,8 @@ def test_push_to_hub_uploads_exactly_the_published_folder(published, monkeypatch
         def create_repo(self, repo_id, private=False, exist_ok=False):
             calls["create"] = (repo_id, private, exist_ok)
 
-        def upload_folder(self, repo_id, folder_path, commit_message):
+        def upload_folder(self, repo_id, folder_path, commit_message, delete_patterns=None):
+            calls["delete_patterns"] = delete_patterns
             root = Path(folder_path)
             calls["files"] = {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
             calls["repo_id"] = repo_id
@@ -247,6 +248,14 @@ def test_push_to_hub_uploads_exactly_the_published_folder(published, monkeypatch
     )
     assert url == f"https://huggingface.co/{REPO_ID}/commit/abc"
     assert calls["create"] == (REPO_ID, True, True) and calls["repo_id"] == REPO_ID and calls["token"] == "hf_test"
+    # a re-push replaces the previous upload's weights and recipe (stale shards would otherwise stay), nothing else
+    import fnmatch
+
+    assert calls["delete_patterns"] == hub.PUBLISHED_PATTERNS
+    for stale in ("model-00001-of-00002.safetensors", "model.safetensors.index.json", "custom_generate/old.py"):
+        assert any(fnmatch.fnmatch(stale, pattern) for pattern in calls["delete_patterns"]), stale
+    for kept in ("README.md", "eval_results.json", "config.json"):
+        assert not any(fnmatch.fnmatch(kept, pattern) for pattern in calls["delete_patterns"]), kept
     local = published["folder"]
     expected = {str(p.relative_to(local)): p.read_bytes() for p in local.rglob("*") if p.is_file()}
     assert calls["files"].keys() == expected.keys()

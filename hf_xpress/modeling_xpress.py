@@ -1112,7 +1112,7 @@ def _convert_foreign_folder(path, options: dict) -> "XPressDrafterModel | None":
         raise ValueError(f"{folder} is a {fmt} checkpoint, converted on load, which supports the from_pretrained "
                          f"options {', '.join(FOREIGN_LOAD_OPTIONS)}, not {', '.join(other)}: convert it first "
                          "(`hf-xpress convert`) and load the converted folder.")
-    dtype = options.get("dtype", options.get("torch_dtype"))
+    dtype = options.get("dtype") if options.get("dtype") is not None else options.get("torch_dtype")  # or its alias
     model = load_checkpoint(folder, dtype=dtype).eval()
     device = options.get("device_map")
     if isinstance(device, dict):

@@ -855,6 +855,8 @@ def test_from_pretrained_on_a_foreign_folder_honours_its_options(tmp_path):
     assert model.fc.weight.dtype == torch.bfloat16 and model.fc.weight.device.type == "cpu"
     assert model.config._attn_implementation == "eager"
     assert XPressDrafterModel.from_pretrained(repo / "drafter", dtype=torch.float16).fc.weight.dtype == torch.float16
+    alias = XPressDrafterModel.from_pretrained(repo / "drafter", dtype=None, torch_dtype=torch.bfloat16)
+    assert alias.fc.weight.dtype == torch.bfloat16  # an explicit dtype=None does not hide the alias
     with pytest.raises(ValueError, match="converted on load, .* not quantization_config"):
         XPressDrafterModel.from_pretrained(repo / "drafter", quantization_config={"load_in_8bit": True})
     with pytest.raises(ValueError, match="device_map dict"):

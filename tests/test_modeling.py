@@ -423,18 +423,23 @@ def test_refiner_tables_compute_the_same_features_and_follow_weight_changes():
     torch.testing.assert_close(refiner.features(hp, prev, tables=rebuilt), refiner.features(hp, prev), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("vocab, k", [(49152, 64), (1000, 5), (151936, 64), (100, 64)])
+@pytest.mark.parametrize("vocab, k", [(49152, 64), (8192, 64), (50000, 64), (1003, 5), (151936, 64), (100, 64)])
 def test_top_candidates_is_an_exact_top_k(vocab, k):
     from hf_xpress.modeling_xpress import top_candidates
 
     torch.manual_seed(vocab)
     logits = torch.randn(1, 15, vocab)
-    logits[0, 3, -1] = 100.0  # the ragged last bucket holds the best token
-    logits[0, 4, :k] = 50.0 + torch.arange(k).float()  # the whole top k inside a few buckets
+    logits[0, 3, -1] = 100.0  # the last id holds the best token (50000: in the ragged last bucket)
+    logits[0, 4, :k] = 50.0 + torch.arange(k).float()  # the whole top k in consecutive ids
+    logits[0, 5, torch.arange(8) * (vocab // 8)] = 70.0 + torch.arange(8).float()  # 8 of the top k at strided ids
+    logits[0, 6] = 0.0  # ties everywhere: any k of them
     ids = top_candidates(logits, k)
     assert ids.shape == (1, 15, k)
     expected = logits.topk(k, dim=-1).indices
-    assert torch.equal(ids.sort(-1).values, expected.sort(-1).values)
+    assert torch.equal(ids[:, :6].sort(-1).values, expected[:, :6].sort(-1).values)
+    assert torch.equal(ids[:, 7:].sort(-1).values, expected[:, 7:].sort(-1).values)
+    assert ids[0, 6].unique().numel() == k  # k distinct ids of the tied row
+    assert torch.equal(top_candidates(logits[0], k).sort(-1).values, ids[0].sort(-1).values)  # [S, V] as well
 
 
 def test_a_transformers_release_before_the_cache_rename_is_refused_at_import():

@@ -250,7 +250,8 @@ class RefinerTables:
     GPU and is faster than bfloat16 for such small matmuls on a CPU."""
 
     key: tuple
-    hidden_in: torch.Tensor  # [H, 2r]: (in_proj[:, :r] @ down_h).T, then (in_proj[:, r:2r] @ down_g).T
+    hidden_own: torch.Tensor  # [H, r]: (in_proj[:, :r] @ down_h).T
+    hidden_pool: torch.Tensor  # [H, r]: (in_proj[:, r:2r] @ down_g).T
     token_in: torch.Tensor  # [V, r] (model dtype): w1 @ in_proj[:, 2r:].T, the Fuse input of every token
     mixer: torch.Tensor  # [B, B, r]: the folded mixer (`mix.folded()`), indexed [k, j, channel]
     gate_up: torch.Tensor  # [r, 2 * hidden]: the Trans MLP's gate and up projections, stacked and transposed
@@ -279,9 +280,9 @@ class XPressRefiner(nn.Module):
     def tables(self) -> RefinerTables:
         """Weight products for inference, computed (in float32) once and rebuilt whenever a weight changes.
 
-        They fold Fuse's projections: `in_proj(cat(down_h h, down_g g, w1 x))` = `h @ hidden_in[:, :r] + g @
-        hidden_in[:, r:] + token_in[x]`, so a Jacobi pass reads one row per token instead of an embedding and a
-        matmul. The token table is as large as `w1`.
+        They fold Fuse's projections: `in_proj(cat(down_h h, down_g g, w1 x))` = `h @ hidden_own + g @ hidden_pool +
+        token_in[x]`, so a Jacobi pass reads one row per token instead of an embedding and a matmul. The token table is
+        as large as `w1`.
         """
         mlp = self.mlp
         params = (self.w1.weight, self.in_proj.weight, self.down_h.weight, self.down_g.weight, self.mix.L,
@@ -294,8 +295,8 @@ class XPressRefiner(nn.Module):
         with torch.no_grad():
             tables = RefinerTables(
                 key=key,
-                hidden_in=torch.cat([w[:, :r] @ self.down_h.weight.float(),
-                                     w[:, r : 2 * r] @ self.down_g.weight.float()]).T.contiguous(),
+                hidden_own=(w[:, :r] @ self.down_h.weight.float()).T.contiguous(),
+                hidden_pool=(w[:, r : 2 * r] @ self.down_g.weight.float()).T.contiguous(),
                 token_in=(self.w1.weight.float() @ w[:, 2 * r :].T).to(self.w1.weight.dtype),
                 mixer=self.mix.folded().detach().float().permute(1, 2, 0).contiguous(),
                 gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach().float().T.contiguous(),
@@ -307,9 +308,9 @@ class XPressRefiner(nn.Module):
     def hidden_part(self, hidden: torch.Tensor, tables: RefinerTables | None = None) -> torch.Tensor:
         """The token-independent part of `in_proj`, computed once per block. hidden: `[N, B, H]` -> `[N, B, r]`
         (float32 with `tables`)."""
-        if tables is not None:  # one matmul for both parts: the projection of the mean is the mean of the projections
-            own, pooled = (hidden.float() @ tables.hidden_in).chunk(2, dim=-1)
-            return own + pooled.mean(dim=1, keepdim=True)
+        if tables is not None:  # the pooled part from the mean's projection: B times fewer products than its mean
+            hidden = hidden.float()
+            return hidden @ tables.hidden_own + hidden.mean(dim=1, keepdim=True) @ tables.hidden_pool
         pooled = hidden.mean(dim=1, keepdim=True)
         r = self.rank
         w = self.in_proj.weight
@@ -360,18 +361,57 @@ class XPressRefiner(nn.Module):
         x = self.features(hidden_part, prev_tokens, start, mixer, tables)
         return (x.unsqueeze(-2) @ rows.transpose(-1, -2)).squeeze(-2)
 
-    def shortlist_scores(
-        self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, base: torch.Tensor, rows: torch.Tensor,
-        start: int, tables: RefinerTables,
-    ) -> torch.Tensor:
-        """Inference: `base + delta_shortlist(...)` in one read-out op. base: `[N, B - start, M]` float32 scores;
-        rows: `w2.weight[candidates]` float32, `[N, B - start, M, r]`. Returns `[N, B - start, M]`."""
-        x = self.features(hidden_part, prev_tokens, start, None, tables)
-        # rows transposed as a view: BLAS reads it as is, where a contiguous copy per block cost more than all passes'
-        # strided reads
-        out = torch.baddbmm(base.flatten(0, 1).unsqueeze(1), x.flatten(0, 1).unsqueeze(1),
-                            rows.flatten(0, 1).transpose(-1, -2))
-        return out.view_as(base)
+    def refine_shortlist(
+        self, hidden_part: torch.Tensor, base: torch.Tensor, rows: torch.Tensor, candidates: torch.LongTensor,
+        lead_tokens: torch.LongTensor, noise: torch.Tensor | None, passes: int, early_stop: bool, tables: RefinerTables,
+    ) -> tuple[torch.LongTensor, torch.Tensor, int]:
+        """Inference: the Jacobi passes of one block among each slot's shortlist (see `XPressDrafterModel.propose`).
+
+        hidden_part: `[1, S + 1, r]` float32 (`hidden_part(hidden, tables)`); base: `[1, S, M]` float32 scores of the
+        candidates `[1, S, M]` (token ids); rows: their `w2` rows `[1, S, M, r]` float32; lead_tokens: `[1, 2]`; noise:
+        `[1, S, M]` or None. Returns the drafts `[1, S]`, their scores `[1, S, M]` and the passes run.
+
+        `features` and `delta_shortlist` plus the base scores, written for one block: every view a pass needs is taken
+        once, the token rows are promoted to float32 by the add that fuses them, and the read-out writes straight into
+        the scores.
+        """
+        S = base.shape[1]
+        choices = candidates[0]  # [S, M]
+        base3, rows_t = base[0].unsqueeze(1), rows[0].transpose(-1, -2)  # [S, 1, M]; [S, r, M], a view (see below)
+        noise3 = None if noise is None else noise[0].unsqueeze(1)
+        mixer = tables.mixer[1 : S + 1, : S + 1]  # slots 1..S
+        hidden_part = hidden_part[0]  # [S + 1, r]
+        # [token before the anchor, anchor, drafts]: the first S + 1 are the token before each slot (the refiner's
+        # input), the last S the drafts, so a pass needs no concatenation. The seed: the drafter's own choice.
+        seed = (base if noise is None else base + noise)[0].argmax(-1, keepdim=True)  # [S, 1] columns
+        sequence = torch.cat([lead_tokens[0], choices.gather(-1, seed)[:, 0]])  # [S + 2]
+        prev, tokens = sequence[:-1], sequence[2:].view(S, 1)
+        scores = torch.empty_like(base)  # the first pass writes every row, later ones rows start..
+        scores3 = scores[0].unsqueeze(1)
+        start, run = 0, 0
+        while run < passes and start < S:
+            # Fuse (the token's row, promoted to float32 by the add) and Mix: [S - start, r]
+            x = (mixer[start:] * torch.add(hidden_part, F.embedding(prev, tables.token_in))).sum(-2)
+            gate, up = (x @ tables.gate_up).chunk(2, dim=-1)
+            x = torch.addmm(x, F.silu(gate) * up, tables.down)  # Trans: residual + down projection, one op
+            # Read: base + x @ rows.T per slot, one op. The rows as a transposed view: BLAS reads it as is, where a
+            # contiguous copy per block cost more than all passes' strided reads.
+            new = torch.baddbmm(base3[start:], x.unsqueeze(1), rows_t[start:], out=scores3[start:])  # [S - start, 1, M]
+            if noise3 is not None:
+                new = new + noise3[start:]
+            new = choices[start:].gather(-1, new.argmax(-1))  # [S - start, 1] token ids
+            run += 1
+            # Locking: after `run` passes the first `run` slots are final; early stop also locks every slot up to the
+            # first one that changed and ends when nothing changed (see `XPressDrafterModel.propose`).
+            changed = (new != tokens[start:]).nonzero() if early_stop else None
+            tokens[start:] = new
+            if changed is None:
+                start = run
+            elif changed.numel() == 0:
+                break
+            else:
+                start += int(changed[0, 0]) + 1
+        return sequence[None, 2:], scores, run
 
     def forward(self, hidden: torch.Tensor, prev_tokens: torch.LongTensor) -> torch.Tensor:
         """Teacher-forced bias for slots 1..B-1: hidden `[N, B, H]`, prev_tokens `[N, B]` -> `[N, B-1, V]`."""
@@ -835,39 +875,32 @@ class XPressDrafterModel(XPressPreTrainedModel):
             candidates = None if columns is None else _token_ids(columns, vocab_ids)
             return self._proposal(tokens.clone(), scores.clone(), passes, candidates, vocab_ids)
 
-        if columns is None:
-            base, choose, seed_scores, candidates = base_logits, pick, logits, None
-            read = self._refiner_read(vocab_ids)
-
-            def rescore(prev: torch.LongTensor, start: int) -> torch.Tensor:  # slots start+1.., into `scores`
-                delta = self.refiner.delta(hidden_part, prev, start + 1, None, tables, read)
-                if logits_hook is None:  # straight into `scores`: no new [S, V'] buffer per pass
-                    return torch.add(base[:, start:], delta, out=scores[:, start:])
-                scores[:, start:] = hook(base[:, start:] + delta.float(), start, tokens)
-                return scores[:, start:]
-        else:
+        if columns is not None:  # among each slot's shortlist
             candidates = _token_ids(columns, vocab_ids)
             base, cand_noise, rows = _gather_shortlist(base_logits, noise, columns, candidates, self.refiner.w2.weight)
-            rows = rows.float()  # [1, S, M, r], for the fused read-out
-            seed_scores = base
+            tokens, scores, run = self.refiner.refine_shortlist(
+                hidden_part, base, rows.float(), candidates, lead_tokens, cand_noise, passes, early_stop, tables
+            )
+            return self._proposal(tokens, scores, run, candidates, vocab_ids)
 
-            def rescore(prev: torch.LongTensor, start: int) -> torch.Tensor:
-                new = self.refiner.shortlist_scores(hidden_part, prev, base[:, start:], rows[:, start:], start + 1, tables)
-                scores[:, start:] = new
-                return new
+        read = self._refiner_read(vocab_ids)
 
-            def choose(scores: torch.Tensor, start: int) -> torch.LongTensor:
-                return _pick_among(candidates[:, start : start + scores.shape[1]], _noisy(scores, cand_noise, start))
+        def rescore(prev: torch.LongTensor, start: int) -> torch.Tensor:  # slots start+1.., into `scores`
+            delta = self.refiner.delta(hidden_part, prev, start + 1, None, tables, read)
+            if logits_hook is None:  # straight into `scores`: no new [S, V'] buffer per pass
+                return torch.add(base_logits[:, start:], delta, out=scores[:, start:])
+            scores[:, start:] = hook(base_logits[:, start:] + delta.float(), start, tokens)
+            return scores[:, start:]
 
-        # The seed: the drafter's own choice (within the shortlist, which spares a second pass over the vocabulary).
+        # The seed: the drafter's own choice.
         # `sequence` = [token before the anchor, anchor, drafts]: its first S + 1 entries are the token before each slot
         # (the refiner's input) and its last S the drafts, so a pass needs no concatenation.
-        sequence = torch.cat([lead_tokens, choose(seed_scores, 0)], dim=1)  # [1, S + 2]
+        sequence = torch.cat([lead_tokens, pick(logits, 0)], dim=1)  # [1, S + 2]
         prev, tokens = sequence[:, :-1], sequence[:, 2:]
         start, run = 0, 0
-        scores = torch.empty_like(base)  # the first pass writes every row; later ones rows start.. (early stop)
+        scores = torch.empty_like(base_logits)  # the first pass writes every row; later ones rows start.. (early stop)
         while run < passes and start < num_slots:
-            new_tokens = choose(rescore(prev, start), start)  # every slot from the previous pass's tokens (Jacobi)
+            new_tokens = pick(rescore(prev, start), start)  # every slot from the previous pass's tokens (Jacobi)
             run += 1
             # Locking: after `run` passes the first `run` slots are final (slot k's input, the token at k-1, is final
             # after k-1 passes), so later passes skip them. Early stop also locks every row up to the first one that
@@ -880,7 +913,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
                 break
             else:
                 start += int(changed[0]) + 1
-        return self._proposal(tokens, scores, run, candidates, vocab_ids)
+        return self._proposal(tokens, scores, run, None, vocab_ids)
 
     @torch.no_grad()
     def propose_tree(

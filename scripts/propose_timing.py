@@ -1,6 +1,8 @@
 """Median wall time of one block's `propose` (the refiner's work after the draft) for the shipped xPress folder at
 K = 0, 1 and 4 Jacobi passes (fixed passes, no early stop) and for the shipped Markov head, shortlist 64, the draft
-vocabulary, bf16 target; and of the shortlist's exact top-64 (`top_candidates`) against one `torch.topk`.
+vocabulary, bf16 target, over all 15 slots of a block; both drafters at their shipped settings (2 drafts per round,
+xPress K = 2 with early stop), as in generation; and the shortlist's exact top-64 (`top_candidates`) against one
+`torch.topk`.
 
     python scripts/propose_timing.py [--threads N]                 # default 1 thread
     python scripts/propose_timing.py --against /path/to/older/checkout   # paired with older code, in one process
@@ -99,8 +101,15 @@ def main() -> None:
                 lambda x=xpress, k=passes: x.propose(hidden, base, lead, passes=k, early_stop=False, vocab_ids=vocab_ids),
                 (hidden, base),
             )
-    for label, (_, markov) in drafters.items():
+    for label, (xpress, markov) in drafters.items():
         calls[f"{label}markov"] = (lambda m=markov: m.propose(hidden, base, lead, vocab_ids=vocab_ids), (hidden, base))
+        # as in generation with the shipped settings: 2 drafts per round, K = 2 with early stop
+        calls[f"{label}xpress shipped, 2 drafts"] = (
+            lambda x=xpress: x.propose(hidden, base[:, :2], lead, vocab_ids=vocab_ids), (hidden, base)
+        )
+        calls[f"{label}markov shipped, 2 drafts"] = (
+            lambda m=markov: m.propose(hidden, base[:, :2], lead, vocab_ids=vocab_ids), (hidden, base)
+        )
     tops = {}  # timed apart: the largest rows evict the drafters' tables from the caches
     for vocab in (8192, 49152, 151936):
         logits = torch.randn(1, 15, vocab) * 3

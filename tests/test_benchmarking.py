@@ -350,8 +350,20 @@ def test_block_latency_positive_for_every_k(llama, refiner):
     keys = ("drafter_forward_ms", "lm_head_ms", "draft_ms", "markov_ms", "w2_read_ms", "verify_ms", "decode_step_ms")
     for key in keys:
         assert r[key] > 0, key
-    assert set(r["goals"]) >= {"k4_below_markov", "k4_under_25pct_of_draft"}
+    assert set(r["goals"]) >= {"k4_below_markov", "k4_under_25pct_of_draft", "k4_in_round_over_markov"}
+    assert all(r["in_round_ms"][name] > 0 for name in ("draft", "xpress_k4", "markov"))
+    assert "K=4, in a round" in format_block_table(r) and "In a round (caches as in generation)" in format_block_table(r)
     assert r["block_size"] == 16
+
+
+def test_in_round_timing_prepares_before_every_timed_call():
+    from hf_xpress.benchmarking import _median_times_after
+
+    log = []
+    calls = {name: (lambda n=name: log.append(f"before {n}"), lambda n=name: log.append(n)) for name in ("a", "b")}
+    times = _median_times_after(calls, "cpu", repeats=2, warmup=1)
+    assert log == ["before a", "a", "before b", "b"] * 3
+    assert set(times) == {"a", "b"} and all(t >= 0 for t in times.values())
 
 
 def test_block_latency_also_times_the_compiled_refinement(llama):

@@ -415,6 +415,8 @@ def test_refiner_tables_compute_the_same_features_and_follow_weight_changes():
     assert refiner.tables() is tables  # cached
     hp = refiner.hidden_part(hidden)
     torch.testing.assert_close(refiner.hidden_part(hidden, tables), hp, rtol=1e-5, atol=1e-5)
+    # the first n rows only (a round drafting n - 1 tokens): the pooled term still averages the whole block
+    torch.testing.assert_close(refiner.hidden_part(hidden, tables, 3), hp[:, :3], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(refiner.features(hp, prev, 3, tables=tables), refiner.features(hp, prev, 3), rtol=1e-5, atol=1e-5)
     with torch.no_grad():
         refiner.w1.weight.mul_(2.0)

@@ -305,12 +305,14 @@ class XPressRefiner(nn.Module):
         self._tables = tables
         return tables
 
-    def hidden_part(self, hidden: torch.Tensor, tables: RefinerTables | None = None) -> torch.Tensor:
+    def hidden_part(self, hidden: torch.Tensor, tables: RefinerTables | None = None, slots: int | None = None) -> torch.Tensor:
         """The token-independent part of `in_proj`, computed once per block. hidden: `[N, B, H]` -> `[N, B, r]`
-        (float32 with `tables`)."""
+        (float32 with `tables`). With `tables`, `slots` = n computes the first n rows only, `[N, n, r]` (the pooled
+        term still averages the whole block): a round that drafts S tokens reads S + 1."""
         if tables is not None:  # the pooled part from the mean's projection: B times fewer products than its mean
             hidden = hidden.float()
-            return hidden @ tables.hidden_own + hidden.mean(dim=1, keepdim=True) @ tables.hidden_pool
+            own = hidden if slots is None else hidden[:, :slots]
+            return own @ tables.hidden_own + hidden.mean(dim=1, keepdim=True) @ tables.hidden_pool
         pooled = hidden.mean(dim=1, keepdim=True)
         r = self.rank
         w = self.in_proj.weight
@@ -862,7 +864,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
         tables = self.refiner.tables()
         num_slots = base_logits.shape[1]
         # Once per block: from the whole block (g pools it), then cut to the S slots. float32 (see RefinerTables).
-        hidden_part = self.refiner.hidden_part(hidden, tables)[:, : num_slots + 1]
+        hidden_part = self.refiner.hidden_part(hidden, tables, num_slots + 1)
         # What one pass scores: every token (the paper), or a per-slot shortlist of the drafter's top-M tokens
         # (`columns` of the base logits; `candidates` their token ids).
         columns = None if shortlist is None else top_candidates(logits, min(shortlist, logits.shape[-1]))
@@ -1016,7 +1018,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
 
         if isinstance(self.refiner, XPressRefiner):
             tables = self.refiner.tables()
-            hidden_part = self.refiner.hidden_part(hidden, tables)[:, : base.shape[0] + 1]
+            hidden_part = self.refiner.hidden_part(hidden, tables, base.shape[0] + 1)
 
             def bias(prefix: torch.LongTensor, k: int) -> torch.Tensor:
                 part = hidden_part[:, : k + 1].expand(prefix.shape[0], -1, -1)

@@ -1450,7 +1450,7 @@ def _dominant(r: dict) -> str:
         f"the add + argmax over {r['block_size'] - 1} x V' logits {r['add_argmax_ms']:.3f} ms. For comparison the target lm_head over "
         f"the same slots (H={r['sizes']['target_hidden']} x V') costs {head:.3f} ms and the drafter layers "
         f"{r['drafter_forward_ms']:.3f} ms; one Markov step (w2 on one row) {r['markov_step_ms']:.3f} ms. "
-        f"Weight reads: K=4 passes read "
+        f"Weight reads{' of passes without the shortlist' if r.get('refiner_shortlist') else ''}: K=4 passes read "
         f"{4 * w['w2_per_pass'] / 1e6:.1f}M parameters, the draft {draft_weights / 1e6:.1f}M "
         f"({w['drafter_layers'] / 1e6:.1f}M drafter layers + {w['lm_head'] / 1e6:.1f}M lm_head), i.e. "
         f"{4 * w['w2_per_pass'] / draft_weights:.0%}; the Markov head reads {(r['block_size'] - 1) * w['markov_w2_per_step'] / 1e6:.1f}M."

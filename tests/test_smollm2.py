@@ -158,6 +158,18 @@ def test_demo_command_runs_the_shipped_drafter_exactly(capsys):
         main(["demo", "--tree-budget", "6"])
 
 
+def test_demo_explains_an_fp32_speed_up_below_one_and_names_the_fast_setting():
+    from hf_xpress.cli import build_parser
+    from hf_xpress.demo import FASTEST, slow_fp32_note
+
+    note = slow_fp32_note([{"speedup": 1.2}, {"speedup": 0.7}], "float32")
+    assert "below 1x in float32" in note and f"hf-xpress demo {FASTEST}" in note
+    assert slow_fp32_note([{"speedup": 1.2}], "float32") is None
+    assert slow_fp32_note([{"speedup": 0.7}], "bfloat16") is None
+    args = build_parser().parse_args(["demo", *FASTEST.split()])  # the suggested command parses
+    assert (args.dtype, args.tree, args.tree_budget, args.drafts, args.lookup) == ("bfloat16", 3, 6, 4, 10)
+
+
 def test_demo_exit_status_fails_on_an_fp32_mismatch_only(monkeypatch):
     from hf_xpress import demo
     from hf_xpress.cli import main

@@ -373,6 +373,24 @@ def test_shortlisted_jacobi_reaches_the_shortlisted_sequential_decode(sample):
         assert torch.equal((out.logits + (0 if noise is None else noise)).argmax(-1), out.tokens)
 
 
+def test_refine_shortlist_called_directly_with_autograd_on_matches_propose():
+    """An inference method: called outside `propose` (autograd on, rows straight from `w2.weight`) it still runs."""
+    from hf_xpress.modeling_xpress import _gather_shortlist
+
+    torch.manual_seed(14)
+    drafter = tiny_drafter(tiny_target("qwen3"), refiner_shortlist=8)
+    refiner, tables = drafter.refiner, drafter.refiner.tables()
+    hidden, base_logits, lead = torch.randn(1, B, 64), torch.randn(1, B - 1, 128) * 2, torch.randint(0, 128, (1, 2))
+    columns = base_logits.topk(8, dim=-1).indices
+    base, _, rows = _gather_shortlist(base_logits, None, columns, columns, refiner.w2.weight)
+    assert rows.requires_grad
+    tokens, scores, run = refiner.refine_shortlist(refiner.hidden_part(hidden, tables, B), base, rows.float(), columns,
+                                                   lead, None, 3, True, tables)
+    expected = drafter.propose(hidden, base_logits, lead, passes=3, early_stop=True)
+    assert torch.equal(tokens, expected.tokens) and run == expected.passes
+    torch.testing.assert_close(scores, expected.scores)
+
+
 @pytest.mark.parametrize("sample", [False, True])
 def test_shortlisted_markov_head_decodes_left_to_right_among_the_candidates(sample):
     torch.manual_seed(13)
@@ -417,6 +435,7 @@ def test_refiner_tables_compute_the_same_features_and_follow_weight_changes():
     torch.testing.assert_close(refiner.hidden_part(hidden, tables), hp, rtol=1e-5, atol=1e-5)
     # the first n rows only (a round drafting n - 1 tokens): the pooled term still averages the whole block
     torch.testing.assert_close(refiner.hidden_part(hidden, tables, 3), hp[:, :3], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(refiner.hidden_part(hidden, None, 3), hp[:, :3])  # the training path too
     torch.testing.assert_close(refiner.features(hp, prev, 3, tables=tables), refiner.features(hp, prev, 3), rtol=1e-5, atol=1e-5)
     with torch.no_grad():
         refiner.w1.weight.mul_(2.0)

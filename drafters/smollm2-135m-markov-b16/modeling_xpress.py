@@ -307,16 +307,15 @@ class XPressRefiner(nn.Module):
 
     def hidden_part(self, hidden: torch.Tensor, tables: RefinerTables | None = None, slots: int | None = None) -> torch.Tensor:
         """The token-independent part of `in_proj`, computed once per block. hidden: `[N, B, H]` -> `[N, B, r]`
-        (float32 with `tables`). With `tables`, `slots` = n computes the first n rows only, `[N, n, r]` (the pooled
-        term still averages the whole block): a round that drafts S tokens reads S + 1."""
+        (float32 with `tables`). `slots` = n: the first n rows only, `[N, n, r]` (the pooled term still averages the
+        whole block): a round that drafts S tokens reads S + 1."""
+        own = hidden if slots is None else hidden[:, :slots]
         if tables is not None:  # the pooled part from the mean's projection: B times fewer products than its mean
-            hidden = hidden.float()
-            own = hidden if slots is None else hidden[:, :slots]
-            return own @ tables.hidden_own + hidden.mean(dim=1, keepdim=True) @ tables.hidden_pool
+            return own.float() @ tables.hidden_own + hidden.float().mean(dim=1, keepdim=True) @ tables.hidden_pool
         pooled = hidden.mean(dim=1, keepdim=True)
         r = self.rank
         w = self.in_proj.weight
-        return self.down_h(hidden) @ w[:, :r].T + self.down_g(pooled) @ w[:, r : 2 * r].T
+        return self.down_h(own) @ w[:, :r].T + self.down_g(pooled) @ w[:, r : 2 * r].T
 
     def delta(
         self, hidden_part: torch.Tensor, prev_tokens: torch.LongTensor, start: int = 1, mixer: torch.Tensor | None = None,
@@ -363,6 +362,7 @@ class XPressRefiner(nn.Module):
         x = self.features(hidden_part, prev_tokens, start, mixer, tables)
         return (x.unsqueeze(-2) @ rows.transpose(-1, -2)).squeeze(-2)
 
+    @torch.no_grad()
     def refine_shortlist(
         self, hidden_part: torch.Tensor, base: torch.Tensor, rows: torch.Tensor, candidates: torch.LongTensor,
         lead_tokens: torch.LongTensor, noise: torch.Tensor | None, passes: int, early_stop: bool, tables: RefinerTables,

@@ -86,20 +86,14 @@ def _now(device: torch.device | str | None = None) -> float:
 
 def _median_time(fn: Callable[[], Any], device, repeats: int, warmup: int) -> float:
     """Median wall time of `fn()` in seconds (synchronised before and after on accelerators)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = _now(device)
-        fn()
-        times.append(_now(device) - start)
-    return statistics.median(times)
+    return _median_times_after({"": (lambda: None, fn)}, device, repeats, warmup)[""]
 
 
 def _median_times_after(calls: dict[str, tuple[Callable[[], Any], Callable[[], Any]]], device, repeats: int,
                         warmup: int) -> dict[str, float]:
     """Median wall time (seconds) of each call `fn` of `calls` (name -> (before, fn)), each timed right after its own
-    untimed `before()`, the calls in turn so that drift hits all alike."""
+    untimed `before()` (synchronised before and after on accelerators), the calls in turn so that drift hits all
+    alike; `warmup` untimed rounds first."""
     times: dict[str, list[float]] = {name: [] for name in calls}
     for i in range(warmup + repeats):
         for name, (before, fn) in calls.items():
@@ -1327,7 +1321,7 @@ def block_latency(
         # The draft and the refiners as a round runs them: right after the target's verify forward (and, for the
         # refiners, the draft), untimed, so every weight table is as cold as in generation and the inputs as fresh;
         # the loops above repeat one call, which keeps all it reads in cache.
-        def draft():
+        def forward_and_head():
             draft_forward()
             head()
 
@@ -1339,10 +1333,10 @@ def block_latency(
 
         def verify_and_draft():
             verify()
-            draft()
+            forward_and_head()
 
         in_round_times = _median_times_after(
-            {"draft": (verify, draft), "xpress_k4": (verify_and_draft, in_round(xpress, passes=4, early_stop=False)),
+            {"draft": (verify, forward_and_head), "xpress_k4": (verify_and_draft, in_round(xpress, passes=4, early_stop=False)),
              "markov": (verify_and_draft, in_round(markov))},
             device, max(1, repeats // 2), min(warmup, 2),
         )

@@ -309,9 +309,11 @@ class XPressRefiner(nn.Module):
         """The token-independent part of `in_proj`, computed once per block. hidden: `[N, B, H]` -> `[N, B, r]`
         (float32 with `tables`). `slots` = n: the first n rows only, `[N, n, r]` (the pooled term still averages the
         whole block): a round that drafts S tokens reads S + 1."""
+        if tables is not None:
+            hidden = hidden.float()
         own = hidden if slots is None else hidden[:, :slots]
         if tables is not None:  # the pooled part from the mean's projection: B times fewer products than its mean
-            return own.float() @ tables.hidden_own + hidden.float().mean(dim=1, keepdim=True) @ tables.hidden_pool
+            return own @ tables.hidden_own + hidden.mean(dim=1, keepdim=True) @ tables.hidden_pool
         pooled = hidden.mean(dim=1, keepdim=True)
         r = self.rank
         w = self.in_proj.weight
@@ -387,11 +389,11 @@ class XPressRefiner(nn.Module):
         # input), the last S the drafts, so a pass needs no concatenation. The seed: the drafter's own choice.
         seed = (base if noise is None else base + noise)[0].argmax(-1, keepdim=True)  # [S, 1] columns
         sequence = torch.cat([lead_tokens[0], choices.gather(-1, seed)[:, 0]])  # [S + 2]
-        prev, tokens = sequence[:-1], sequence[2:].view(S, 1)
+        prev = sequence[:-1]
         scores = torch.empty_like(base)  # the first pass writes every row, later ones rows start..
         scores3 = scores[0].unsqueeze(1)
-        start, run = 0, 0
-        while run < passes and start < S:
+
+        def step(start: int) -> torch.LongTensor:  # slots start+1.. from the current drafts: their new tokens
             # Fuse (the token's row, promoted to float32 by the add) and Mix: [S - start, r]
             x = (mixer[start:] * torch.add(hidden_part, F.embedding(prev, tables.token_in))).sum(-2)
             gate, up = (x @ tables.gate_up).chunk(2, dim=-1)
@@ -401,18 +403,9 @@ class XPressRefiner(nn.Module):
             new = torch.baddbmm(base3[start:], x.unsqueeze(1), rows_t[start:], out=scores3[start:])  # [S - start, 1, M]
             if noise3 is not None:
                 new = new + noise3[start:]
-            new = choices[start:].gather(-1, new.argmax(-1))  # [S - start, 1] token ids
-            run += 1
-            # Locking: after `run` passes the first `run` slots are final; early stop also locks every slot up to the
-            # first one that changed and ends when nothing changed (see `XPressDrafterModel.propose`).
-            changed = (new != tokens[start:]).nonzero() if early_stop else None
-            tokens[start:] = new
-            if changed is None:
-                start = run
-            elif changed.numel() == 0:
-                break
-            else:
-                start += int(changed[0, 0]) + 1
+            return choices[start:].gather(-1, new.argmax(-1))[:, 0]  # [S - start] token ids
+
+        run = _jacobi_passes(step, sequence[2:], passes, early_stop)
         return sequence[None, 2:], scores, run
 
     def forward(self, hidden: torch.Tensor, prev_tokens: torch.LongTensor) -> torch.Tensor:
@@ -899,22 +892,9 @@ class XPressDrafterModel(XPressPreTrainedModel):
         # (the refiner's input) and its last S the drafts, so a pass needs no concatenation.
         sequence = torch.cat([lead_tokens, pick(logits, 0)], dim=1)  # [1, S + 2]
         prev, tokens = sequence[:, :-1], sequence[:, 2:]
-        start, run = 0, 0
         scores = torch.empty_like(base_logits)  # the first pass writes every row; later ones rows start.. (early stop)
-        while run < passes and start < num_slots:
-            new_tokens = pick(rescore(prev, start), start)  # every slot from the previous pass's tokens (Jacobi)
-            run += 1
-            # Locking: after `run` passes the first `run` slots are final (slot k's input, the token at k-1, is final
-            # after k-1 passes), so later passes skip them. Early stop also locks every row up to the first one that
-            # changed (their inputs no longer change) and ends the loop when nothing changed.
-            changed = (new_tokens != tokens[:, start:])[0].nonzero() if early_stop else None
-            tokens[:, start:] = new_tokens
-            if changed is None:
-                start = run
-            elif changed.numel() == 0:
-                break
-            else:
-                start += int(changed[0]) + 1
+        # every slot from the previous pass's tokens (Jacobi)
+        run = _jacobi_passes(lambda start: pick(rescore(prev, start), start)[0], tokens[0], passes, early_stop)
         return self._proposal(tokens, scores, run, None, vocab_ids)
 
     @torch.no_grad()
@@ -1067,6 +1047,31 @@ class XPressDrafterModel(XPressPreTrainedModel):
             logits[:, k : k + 1] = hook(base_logits[:, k : k + 1] + self.refiner(prev, read), k, tokens)
             tokens[:, k : k + 1] = prev = pick(logits[:, k : k + 1], k)
         return self._proposal(tokens, logits, base_logits.shape[1], None, vocab_ids)
+
+
+def _jacobi_passes(
+    step: Callable[[int], torch.LongTensor], drafts: torch.LongTensor, passes: int, early_stop: bool
+) -> int:
+    """Up to `passes` Jacobi passes over one block's drafts `[S]` (a view of the refiner's input tokens, updated in
+    place); `step(start)` scores slots start+1..S from the current drafts and returns their new tokens `[S - start]`.
+    Returns the passes run.
+
+    Locking: after `run` passes the first `run` slots are final (slot k's input, the token at k-1, is final after k-1
+    passes), so later passes skip them. Early stop also locks every slot up to the first one that changed (their
+    inputs no longer change) and ends the loop when nothing changed: the result equals `passes` full passes."""
+    start, run = 0, 0
+    while run < passes and start < drafts.shape[0]:
+        new = step(start)
+        run += 1
+        changed = (new != drafts[start:]).nonzero() if early_stop else None
+        drafts[start:] = new
+        if changed is None:
+            start = run
+        elif changed.numel() == 0:
+            break
+        else:
+            start += int(changed[0]) + 1
+    return run
 
 
 def _gather_shortlist(

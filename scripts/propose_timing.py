@@ -9,10 +9,9 @@ xPress K = 2 with early stop), as in generation; and the shortlist's exact top-6
 
 `--against` loads that checkout's `hf_xpress/modeling_xpress.py` (with its configuration) as a second module and
 times its drafters too. Every setting is called once per iteration, in a shuffled order (1,500 timed iterations after
-20 warm-up ones), so machine drift and the previous call's cache footprint hit all alike: on a shared VM the same
-matmul's median moves by 15% from one second to the next, a call's median by up to 1.5x between runs minutes apart,
-and in a fixed order the same function timed twice differed by 10-30% with its position. Prints each setting's median in ms and the K = 4
-draft tokens of each checkout (equal before and after an exact change). Run it on a quiet machine, from the repository
+20 warm-up ones), so machine drift and the previous call's cache footprint hit all alike: on a shared VM timings
+drift within seconds, and in a fixed order a call's time depends on the call before it. Prints each setting's median
+in ms and the K = 4 draft tokens of each checkout (equal before and after an exact change). Run it on a quiet machine, from the repository
 root (it reads drafters/).
 """
 

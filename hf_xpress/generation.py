@@ -13,9 +13,16 @@ the drafter only when nothing is found. Lookup rounds return no logits, so trans
 (greedy) or by sampling the target and matching (`do_sample`): exact either way. The drafter's cache catches up on
 the tokens those rounds verified at its next forward.
 
+transformers checks stopping criteria only at the end of a round (max length and EOS also inside it), so a stop
+string or a user's `StoppingCriteria` that an accepted draft satisfies before the round's last token would not stop
+generation where plain `generate` stops. Drafts therefore end before the first token at which any such criterion
+fires (criteria are checked on each draft's sequence, without scores, as plain `generate` checks them by default).
+
 transformers has no public hook for a third-party candidate generator: `_get_candidate_generator` is a fixed
-if/elif chain. `install()` wraps that one private method, and only for xPress drafters; every other assistant goes
-to the original method untouched. This is the package's only reach into a private transformers API.
+if/elif chain, and it is not handed the stopping criteria. `install()` wraps it, and only for xPress drafters (every
+other assistant goes to the original method untouched), and wraps `_assisted_decoding` only to make its
+`stopping_criteria` visible to that choice. These, and `_extract_generation_mode_kwargs` for `custom_generate`
+(see `install`), are the package's only reach into private transformers APIs.
 """
 
 from __future__ import annotations
@@ -24,10 +31,17 @@ import functools
 import inspect
 import math
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
-from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, StopStringCriteria
+from transformers import (
+    GenerationConfig,
+    GenerationMixin,
+    LogitsProcessorList,
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
 from transformers.cache_utils import DFlashCache
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator, PromptLookupCandidateGenerator
 from transformers.generation.logits_process import (
@@ -38,6 +52,12 @@ from transformers.generation.logits_process import (
     TopKLogitsWarper,
     TopPLogitsWarper,
     TypicalLogitsWarper,
+)
+from transformers.generation.stopping_criteria import (
+    ConfidenceCriteria,
+    EosTokenCriteria,
+    MaxLengthCriteria,
+    MaxTimeCriteria,
 )
 from transformers.utils import logging
 
@@ -132,8 +152,11 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         logits_processor: LogitsProcessorList | None = None,
         tokenizer=None,
         jacobi_passes: int | None = None,
+        stopping_criteria: StoppingCriteriaList | None = None,
     ):
-        """`jacobi_passes`: xPress passes per block for this generator only (None: the drafter config's)."""
+        """`jacobi_passes`: xPress passes per block for this generator only (None: the drafter config's).
+        `stopping_criteria`: those `generate` checks; drafts end before any token at which one fires (see
+        `draft_stopping_criteria`)."""
         check_compatible(target.config, assistant_model.config)
         check_generation_options(target, generation_config)
         if jacobi_passes is not None and (isinstance(jacobi_passes, bool) or not isinstance(jacobi_passes, int)
@@ -168,15 +191,12 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         self.confidence_threshold = float(self.config.assistant_confidence_threshold)
         cap = self.config.num_assistant_tokens
         self.num_assistant_tokens = self.block_size - 1 if cap is None else max(1, min(int(cap), self.block_size - 1))
-        # transformers checks stop strings only at the end of a round, so a string that a round's accepted drafts
-        # complete before its last token would not stop generation: drafts end before any such token.
-        self.stop = None
-        if generation_config.stop_strings:
-            self.stop = stop_string_criteria(tokenizer, generation_config.stop_strings)
+        # transformers checks stopping criteria only at the end of a round: drafts end before a token at which one fires.
+        self.stop = draft_stopping_criteria(stopping_criteria, generation_config, tokenizer)
         # Sampling verifies drafts against their logits (rejection sampling) only while which drafts are submitted does
-        # not depend on their own values. Cutting drafts before a stop string does (a draft is dropped because of what
-        # it is), which would skew the output; with stop strings transformers instead samples the target and keeps the
-        # drafts that match: exact however drafts are cut. Greedy verification compares tokens only.
+        # not depend on their own values. Cutting drafts before a stop does (a draft is dropped because of what it is),
+        # which would skew the output; with such criteria transformers instead samples the target and keeps the drafts
+        # that match: exact however drafts are cut. Greedy verification compares tokens only.
         ensemble = getattr(generation_config, "assistant_ensemble_weight", None) is not None
         self.needs_logits = (self.do_sample and self.stop is None) or ensemble
         self.lookup = None
@@ -389,6 +409,21 @@ def first_stop(criteria, input_ids: torch.LongTensor, tokens: list[int]) -> int 
     return None
 
 
+# Criteria that need no cut drafts: `_assisted_decoding` enforces max length and EOS inside a round, max time does not
+# depend on the tokens, and confidence is a classic assistant's own criterion (on its scores).
+ROUND_SAFE_CRITERIA = (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria, ConfidenceCriteria)
+
+
+def draft_stopping_criteria(stopping_criteria: StoppingCriteriaList | None, generation_config: GenerationConfig,
+                            tokenizer=None) -> StoppingCriteriaList | None:
+    """The criteria drafts must end before: `stopping_criteria` (those `generate` checks) but `ROUND_SAFE_CRITERIA`,
+    plus one for `generation_config.stop_strings` when none is among them; None when that leaves nothing."""
+    criteria = [c for c in stopping_criteria or () if not isinstance(c, ROUND_SAFE_CRITERIA)]
+    if generation_config.stop_strings and not any(isinstance(c, StopStringCriteria) for c in criteria):
+        criteria.append(stop_string_criteria(tokenizer, generation_config.stop_strings))
+    return StoppingCriteriaList(criteria) if criteria else None
+
+
 def stop_string_criteria(tokenizer, stop_strings) -> StopStringCriteria:
     """transformers' criterion for `stop_strings`, with a clear error when the tokenizer it needs is missing."""
     if tokenizer is None:
@@ -401,13 +436,22 @@ def is_xpress_drafter(model) -> bool:
     return getattr(getattr(model, "config", None), "model_type", None) == XPressDrafterConfig.model_type
 
 
+# The stopping criteria of the `_assisted_decoding` call in progress (set by `install`'s wrapper), for the generator.
+_ASSISTED_STOPPING_CRITERIA: ContextVar[StoppingCriteriaList | None] = ContextVar(
+    "hf_xpress_assisted_stopping_criteria", default=None
+)
+WRAPPED_METHODS = ("_get_candidate_generator", "_assisted_decoding", "_extract_generation_mode_kwargs")
+
+
 def install() -> None:
     """Route `generate(assistant_model=<xPress drafter>)` to `XPressCandidateGenerator`. Idempotent.
 
     `speculation_type="dflash"` keeps transformers' native DFlash generator (drafter alone, no refiner).
 
-    Two private `GenerationMixin` methods are wrapped, here only (`uninstall` restores both):
+    Three private `GenerationMixin` methods are wrapped, here only (`uninstall` restores them):
     - `_get_candidate_generator`: the one place transformers picks an assisted-decoding candidate generator.
+    - `_assisted_decoding`: unchanged, but its `stopping_criteria` (generate's merged list: the user's criteria, stop
+      strings, max length, EOS) are visible to the generator while it runs, so drafts end where plain generate stops.
     - `_extract_generation_mode_kwargs`: for a `custom_generate` callable it keeps only the arguments `_sample` lacks,
       so the `streamer` that `generate` has already fed the prompt to, and the `tokenizer` its stop strings need,
       never reach the callable. For callables marked `takes_generate_streamer` (`tree_decoding`) they are passed on.
@@ -429,8 +473,21 @@ def install() -> None:
                 generation_config=config,
                 logits_processor=bound.arguments.get("logits_processor"),
                 tokenizer=bound.arguments.get("target_tokenizer"),
+                stopping_criteria=_ASSISTED_STOPPING_CRITERIA.get(),
             )
         return original(self, *args, **kwargs)
+
+    original_assisted = GenerationMixin._assisted_decoding
+    assisted_signature = inspect.signature(original_assisted)
+
+    @functools.wraps(original_assisted)
+    def _assisted_decoding(self, *args, **kwargs):
+        criteria = assisted_signature.bind(self, *args, **kwargs).arguments.get("stopping_criteria")
+        token = _ASSISTED_STOPPING_CRITERIA.set(criteria)
+        try:
+            return original_assisted(self, *args, **kwargs)
+        finally:
+            _ASSISTED_STOPPING_CRITERIA.reset(token)
 
     original_extract = GenerationMixin._extract_generation_mode_kwargs
     extract_signature = inspect.signature(original_extract)
@@ -445,19 +502,27 @@ def install() -> None:
             out.update({k: v for k, v in extra.items() if v is not None})
         return out
 
-    for name, wrapper, wrapped in (("_get_candidate_generator", _get_candidate_generator, original),
-                                   ("_extract_generation_mode_kwargs", _extract_generation_mode_kwargs, original_extract)):
+    for wrapper, wrapped in ((_get_candidate_generator, original), (_assisted_decoding, original_assisted),
+                             (_extract_generation_mode_kwargs, original_extract)):
         wrapper._hf_xpress = True
         wrapper._hf_xpress_original = wrapped
-        setattr(GenerationMixin, name, wrapper)
+        setattr(GenerationMixin, wrapped.__name__, wrapper)
 
 
 def uninstall() -> None:
-    """Restore transformers' own `_get_candidate_generator` and `_extract_generation_mode_kwargs`."""
-    for name in ("_get_candidate_generator", "_extract_generation_mode_kwargs"):
+    """Restore transformers' own `WRAPPED_METHODS`."""
+    for name in WRAPPED_METHODS:
         current = getattr(GenerationMixin, name)
         if getattr(current, "_hf_xpress", False):
             setattr(GenerationMixin, name, current._hf_xpress_original)
 
 
-__all__ = ["XPressCandidateGenerator", "XPressStats", "first_stop", "install", "is_xpress_drafter", "uninstall"]
+__all__ = [
+    "XPressCandidateGenerator",
+    "XPressStats",
+    "draft_stopping_criteria",
+    "first_stop",
+    "install",
+    "is_xpress_drafter",
+    "uninstall",
+]

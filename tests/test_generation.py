@@ -7,11 +7,11 @@ import random
 
 import pytest
 import torch
-from transformers import GenerationMixin
+from transformers import GenerationMixin, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 from transformers.generation.streamers import BaseStreamer
 
-from hf_xpress import XPressDrafterModel
+from hf_xpress import XPressDrafterModel, generation
 from hf_xpress.generation import XPressCandidateGenerator
 from hf_xpress.modeling_xpress import DraftProposal, _full_vocabulary
 
@@ -43,8 +43,6 @@ def test_a_padded_prompt_stays_exact_and_is_named_in_a_warning(target):
     """The drafter places and attends to every position, padding included: still exact, but it drafts worse, so the
     generator says so once (it cannot know the padding from the tokens)."""
     from transformers.testing_utils import CaptureLogger
-
-    from hf_xpress import generation
 
     drafter = tiny_drafter(target, "xpress")
     ids = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.randint(1, 126, (1, 9))], dim=1)
@@ -216,6 +214,70 @@ def test_multi_token_acceptance_eos_inside_a_block_and_context_bookkeeping(targe
     plain = target.generate(ids, max_new_tokens=80, do_sample=False, eos_token_id=eos)
     ours = target.generate(ids, assistant_model=drafter, max_new_tokens=80, do_sample=False, eos_token_id=eos)
     assert torch.equal(ours, plain) and plain.shape[1] < long_run.shape[1]
+
+
+class _LastTokenIs(StoppingCriteria):
+    """A user's criterion: stop once the last token is `token`."""
+
+    def __init__(self, token: int):
+        self.token = token
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        return input_ids[:, -1] == self.token
+
+
+def test_custom_stopping_criteria_stop_where_plain_generate_stops(target, monkeypatch):
+    """transformers checks a user's `stopping_criteria` only at the end of a round: drafts end before a token at which
+    one fires, so the output stops where plain generate stops, also when the rounds accept many drafts (the drafter's
+    first drafts are replaced by the target's continuation before the generator cuts them). The same runs without
+    that cut run on past the stop. Under sampling such criteria make the generator hand transformers no logits (the
+    target is sampled and drafts matched, as with stop strings); with none, nothing is checked per draft."""
+    drafter = tiny_drafter(target, "xpress")
+    ids = torch.randint(0, 126, (1, 9))
+    long_run = target.generate(ids, max_new_tokens=60, do_sample=False)[0]
+    new = long_run[ids.shape[1]:].tolist()
+    generators = []
+    get_candidates, propose, rng = XPressCandidateGenerator.get_candidates, XPressDrafterModel.propose, random.Random(0)
+
+    def remember(self, input_ids, *args, **kwargs):
+        generators.append((self, input_ids.shape[1]))
+        return get_candidates(self, input_ids, *args, **kwargs)
+
+    def truthful(self, *args, **kwargs):  # the first `good` drafts are the target's continuation
+        proposal = propose(self, *args, **kwargs)
+        start = generators[-1][1]
+        truth = long_run[start : start + proposal.tokens.shape[1]]
+        good = rng.randint(0, len(truth))
+        proposal.tokens = proposal.tokens.clone()
+        proposal.tokens[0, :good] = truth[:good]
+        return proposal
+
+    monkeypatch.setattr(XPressCandidateGenerator, "get_candidates", remember)
+    monkeypatch.setattr(XPressDrafterModel, "propose", truthful)
+
+    def run(token: int, **kwargs) -> torch.Tensor:
+        criteria = StoppingCriteriaList([_LastTokenIs(token)])
+        return target.generate(ids, max_new_tokens=60, do_sample=False, stopping_criteria=criteria, **kwargs)
+
+    tokens = [new[i] for i in (6, 13, 22, 35, 47)]
+    outputs = {}
+    for token in tokens:
+        plain, outputs[token] = run(token), run(token, assistant_model=drafter)
+        assert torch.equal(outputs[token], plain), token
+        assert plain.shape[1] == ids.shape[1] + new.index(token) + 1
+    assert max(drafter.stats.accepted) >= 5  # rounds accept many drafts
+
+    draft_criteria = generators[-1][0].stop
+    assert len(draft_criteria) == 1 and isinstance(draft_criteria[0], _LastTokenIs)  # max length is left out
+    target.generate(ids, assistant_model=drafter, max_new_tokens=5, do_sample=False)
+    assert generators[-1][0].stop is None
+    target.generate(ids, assistant_model=drafter, max_new_tokens=5, do_sample=True,
+                    stopping_criteria=StoppingCriteriaList([_LastTokenIs(tokens[0])]))
+    assert generators[-1][0].stop is not None and not generators[-1][0].needs_logits
+
+    monkeypatch.setattr(generation, "draft_stopping_criteria", lambda *args, **kwargs: None)  # the cut undone
+    ran_on = sum(run(token, assistant_model=drafter).shape[1] > outputs[token].shape[1] for token in tokens)
+    assert ran_on >= 2, ran_on
 
 
 @pytest.mark.parametrize("refiner", REFINERS)
@@ -444,28 +506,26 @@ def test_drafts_carry_their_logits_exactly_where_verification_reads_them(target,
 
 
 def test_uninstall_restores_transformers_and_install_is_idempotent():
-    """`hf_xpress.uninstall()` gives generate() back its own candidate-generator choice (an xPress drafter then runs
+    """`hf_xpress.uninstall()` gives generate() back every method `install()` wrapped (an xPress drafter then runs
     only through transformers' native DFlash path); `install()` twice wraps once."""
     import hf_xpress
     from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
 
+    from hf_xpress.generation import WRAPPED_METHODS
+
     target = tiny_target("llama")
     drafter = tiny_drafter(target, "xpress")
-    wrapped = GenerationMixin._get_candidate_generator
-    wrapped_extract = GenerationMixin._extract_generation_mode_kwargs
+    wrapped = {name: getattr(GenerationMixin, name) for name in WRAPPED_METHODS}
+    assert all(method._hf_xpress for method in wrapped.values()) and len(wrapped) == 3
     hf_xpress.install()
-    assert GenerationMixin._get_candidate_generator is wrapped  # already installed: unchanged
-    assert GenerationMixin._extract_generation_mode_kwargs is wrapped_extract
+    assert {name: getattr(GenerationMixin, name) for name in WRAPPED_METHODS} == wrapped  # already installed
+    originals = {name: method._hf_xpress_original for name, method in wrapped.items()}
     made = []
-    original = wrapped._hf_xpress_original
-    original_extract = wrapped_extract._hf_xpress_original
     try:
-        hf_xpress.uninstall()
-        assert GenerationMixin._get_candidate_generator is original
-        assert GenerationMixin._extract_generation_mode_kwargs is original_extract
-        hf_xpress.uninstall()  # a second time: nothing to undo
-        assert GenerationMixin._get_candidate_generator is original
-        assert GenerationMixin._extract_generation_mode_kwargs is original_extract
+        for _ in range(2):  # a second uninstall has nothing to undo
+            hf_xpress.uninstall()
+            assert {name: getattr(GenerationMixin, name) for name in WRAPPED_METHODS} == originals
+        original = originals["_get_candidate_generator"]
 
         def spy(self, *args, **kwargs):
             made.append(type(original(self, *args, **kwargs)))
@@ -477,10 +537,9 @@ def test_uninstall_restores_transformers_and_install_is_idempotent():
         assert made and not issubclass(made[0], XPressCandidateGenerator)
         assert issubclass(made[0], DFlashTokenCandidateGenerator)
     finally:
-        GenerationMixin._get_candidate_generator = original
+        GenerationMixin._get_candidate_generator = originals["_get_candidate_generator"]
         hf_xpress.install()
-    assert GenerationMixin._get_candidate_generator._hf_xpress
-    assert GenerationMixin._extract_generation_mode_kwargs._hf_xpress
+    assert all(getattr(GenerationMixin, name)._hf_xpress for name in WRAPPED_METHODS)
     target.generate(torch.tensor([[1, 2, 3]]), assistant_model=drafter, max_new_tokens=4, do_sample=False)
     assert drafter.stats is not None and drafter.stats.rounds > 0
 

@@ -349,6 +349,34 @@ def test_custom_generate_tree_path_passes_on_the_streamer_and_stop_strings(publi
     assert streamer.puts[0] == PROMPTS[0] and sum(streamer.puts[1:], []) == plain[: first + 1] and streamer.ended
 
 
+def test_custom_generate_chain_path_checks_a_users_stopping_criteria_on_every_draft(published):
+    """The recipe's chain path hands the user's `stopping_criteria` to its generator, which checks them on each draft
+    (drafts end before a token at which one fires; transformers checks them only at a round's end): the output stops
+    where plain generate stops, and the criterion saw many more sequences than the rounds' ends."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    target, drafter = published["target"], published["drafter"]
+    ids = torch.tensor([PROMPTS[0]])
+    new = target.generate(ids, max_new_tokens=MAX_NEW, do_sample=False)[0, ids.shape[1]:].tolist()
+    stop = next(token for i, token in enumerate(new) if i >= 12 and new.index(token) == i)  # first seen late
+    seen = []
+
+    class LastTokenIs(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            seen.append(input_ids.shape[1])
+            return input_ids[:, -1] == stop
+
+    plain = target.generate(ids, max_new_tokens=MAX_NEW, do_sample=False,
+                            stopping_criteria=StoppingCriteriaList([LastTokenIs()]))
+    seen.clear()
+    out = target.generate(ids, custom_generate=str(published["folder"]), trust_remote_code=True,
+                          max_new_tokens=MAX_NEW, assistant_model=drafter, do_sample=False,
+                          stopping_criteria=StoppingCriteriaList([LastTokenIs()]))
+    assert out.tolist() == plain.tolist() and plain.shape[1] == ids.shape[1] + new.index(stop) + 1
+    rounds = drafter.stats.rounds
+    assert rounds >= 3 and len(seen) > 2 * rounds and len(set(seen)) > rounds, (len(seen), rounds)
+
+
 def test_push_command_writes_a_local_folder_with_the_training_text(published, tmp_path, capsys):
     from hf_xpress.cli import main
 

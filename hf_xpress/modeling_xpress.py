@@ -708,7 +708,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
             refiner=refiner,
         )
         rope = getattr(text, "rope_parameters", None)
-        if rope and rope.get("rope_type", "default") == "default":
+        if rope:  # theta and any scaling (llama3, YaRN, ...): drafter and target rotate each position alike
             kwargs["rope_parameters"] = dict(rope)
         if "mask_token_id" not in overrides and kwargs["mask_token_id"] == text.vocab_size - 1:
             logger.warning(

@@ -270,6 +270,17 @@ def test_push_to_hub_uploads_exactly_the_published_folder(published, monkeypatch
     assert calls == {} and (local / "new-drafter" / "config.json").exists() and Path(where) == Path(local.name) / "new-drafter"
 
 
+def test_shipped_drafters_carry_the_packages_remote_code():
+    """Each shipped folder's `configuration_xpress.py` / `modeling_xpress.py` (what `trust_remote_code=True` runs
+    without the package) is the package's own file, byte for byte (`scripts/train_smollm2.sh` copies them)."""
+    root = Path(__file__).resolve().parent.parent
+    folders = sorted(p for p in (root / "drafters").iterdir() if (p / "config.json").is_file())
+    assert len(folders) == 3, folders
+    for folder in folders:
+        for name in ("configuration_xpress.py", "modeling_xpress.py"):
+            assert (folder / name).read_bytes() == (root / "hf_xpress" / name).read_bytes(), f"{folder.name}/{name}"
+
+
 def test_hub_module_exports_what_it_names():
     namespace: dict = {}
     exec("from hf_xpress.hub import *", namespace)

@@ -44,6 +44,27 @@ def test_from_target_derives_every_target_field(target):
     assert not any("embed" in n or "lm_head" in n for n in drafter.state_dict())
 
 
+@pytest.mark.parametrize("kind, rope", [
+    ("llama", {"rope_type": "llama3", "rope_theta": 500_000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 512}),
+    ("qwen3", {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 4.0, "original_max_position_embeddings": 1024}),
+    ("llama", {"rope_type": "default", "rope_theta": 20_000.0}),
+])
+def test_from_target_rotates_positions_as_the_target_does(tmp_path, kind, rope):
+    """The drafter's RoPE is the target's, theta and scaling alike, also after a save/load round trip: its context
+    keys come from the target's hidden states at the target's positions."""
+    target = tiny_target(kind, rope_parameters=rope, max_position_embeddings=4096)
+    drafter = XPressDrafterModel.from_target(target, num_hidden_layers=1, mask_token_id=5)
+    drafter.save_pretrained(tmp_path)
+    loaded = XPressDrafterModel.from_pretrained(tmp_path)
+    x, positions = torch.zeros(1, 5, 64), torch.tensor([[0, 100, 1000, 3000, 4095]])
+    expected = target.model.rotary_emb(x, positions)
+    for model in (drafter, loaded):
+        assert model.config.rope_parameters["rope_type"] == rope["rope_type"]
+        for got, want in zip(model.rotary_emb(x, positions), expected):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

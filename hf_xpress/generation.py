@@ -198,6 +198,10 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         # which would skew the output; with such criteria transformers instead samples the target and keeps the drafts
         # that match: exact however drafts are cut. Greedy verification compares tokens only.
         ensemble = getattr(generation_config, "assistant_ensemble_weight", None) is not None
+        if ensemble and self.do_sample and self.stop is not None:
+            raise ValueError("assistant_ensemble_weight with do_sample=True cannot be combined with stop strings or "
+                             "stopping_criteria: its verification needs every draft sampled from the drafter's logits, "
+                             "and drafts that would stop generation are dropped.")
         self.needs_logits = (self.do_sample and self.stop is None) or ensemble
         self.lookup = None
         if generation_config.prompt_lookup_num_tokens:

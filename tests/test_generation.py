@@ -105,6 +105,9 @@ def test_prompt_lookup_rounds_mix_with_drafter_rounds_and_stay_lossless(target, 
     with pytest.raises(ValueError, match="cannot be combined with prompt_lookup_num_tokens"):
         target.generate(ids, assistant_model=drafter, prompt_lookup_num_tokens=4, assistant_ensemble_weight=0.5,
                         max_new_tokens=5, do_sample=False)
+    with pytest.raises(ValueError, match="assistant_ensemble_weight with do_sample=True cannot be combined with stop"):
+        target.generate(ids, assistant_model=drafter, assistant_ensemble_weight=0.5, max_new_tokens=5, do_sample=True,
+                        stopping_criteria=StoppingCriteriaList([_LastTokenIs(0)]))
 
 
 def test_prompt_lookup_first_with_logits_processors_stays_lossless(target):

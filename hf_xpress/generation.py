@@ -41,6 +41,7 @@ from transformers import (
     LogitsProcessorList,
     StoppingCriteriaList,
     StopStringCriteria,
+    SynthIDTextWatermarkingConfig,
 )
 from transformers.cache_utils import DFlashCache
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator, PromptLookupCandidateGenerator
@@ -124,6 +125,21 @@ class XPressStats:
         }
 
 
+def position_dependent_rope(config) -> tuple[str, int] | None:
+    """(rope type, threshold) for a target whose RoPE frequencies depend on the largest position in the forward
+    ("dynamic" past `max_position_embeddings`, "longrope" past `original_max_position_embeddings`); None otherwise."""
+    text = config.get_text_config()
+    rope = getattr(text, "rope_parameters", None) or {}
+    entries = list(rope.values()) if rope and all(isinstance(v, dict) for v in rope.values()) else [rope]
+    for entry in entries:  # one dict, or one per layer type
+        kind = entry.get("rope_type")
+        if kind == "dynamic":
+            return kind, int(text.max_position_embeddings)
+        if kind == "longrope":
+            return kind, int(entry.get("original_max_position_embeddings") or text.max_position_embeddings)
+    return None
+
+
 def check_generation_options(target, generation_config: GenerationConfig) -> None:
     """Refuse generate() options that speculative decoding with an xPress drafter would silently get wrong."""
     if generation_config.guidance_scale is not None and generation_config.guidance_scale != 1:
@@ -131,6 +147,20 @@ def check_generation_options(target, generation_config: GenerationConfig) -> Non
             f"guidance_scale={generation_config.guidance_scale} (classifier-free guidance) is not supported with an "
             "xPress drafter: its logits processor runs the model on the unconditional prompt and keeps state from "
             "call to call, which scoring drafts would advance, so the output would differ from plain generate."
+        )
+    if isinstance(getattr(generation_config, "watermarking_config", None), SynthIDTextWatermarkingConfig):
+        raise ValueError(
+            "SynthID watermarking is not supported with an xPress drafter: its logits processor keeps the contexts it "
+            "has seen from call to call, which scoring drafts would advance, so the output would differ from plain "
+            "generate."
+        )
+    rope = position_dependent_rope(target.config)
+    if rope is not None and generation_config.max_length is not None and generation_config.max_length > rope[1]:
+        raise ValueError(
+            f"The target's {rope[0]!r} RoPE changes its frequencies with the largest position a forward sees, so "
+            f"verifying several tokens at once past position {rope[1]} would rotate them differently from plain "
+            f"generate's one-token steps. With an xPress drafter keep max_length <= {rope[1]} (it is "
+            f"{generation_config.max_length})."
         )
     attention = getattr(target.config, "_attn_implementation", None)
     if generation_config.output_attentions and generation_config.return_dict_in_generate and attention != "eager":
@@ -217,6 +247,13 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
                 vocab_size=target.config.get_text_config().vocab_size,
             )
 
+    @property
+    def num_drafting_tokens(self) -> int:
+        """The most drafts a round submits (a hybrid target's cache keeps that many recurrent states to roll back):
+        a drafter block's, or prompt lookup's continuation where that is longer."""
+        lookup = getattr(self, "lookup", None)  # read by the parent's __init__ before `lookup` is set
+        return max(self.block_size, lookup.num_output_tokens if lookup is not None else 0)
+
     def _clock(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -239,6 +276,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             )
         self._proposed_this_round = 0
         if is_first_iteration:  # the target prefills first; its features arrive with the next call
+            check_prompt_inputs(input_ids, model_kwargs or {})
             mask = (model_kwargs or {}).get("attention_mask")
             if mask is not None and not bool(mask.all()):
                 logger.warning_once(
@@ -282,12 +320,15 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             logits_hook=self._logits_hook(input_ids) if self.logits_processor else None,
             vocab_ids=vocab_ids,
         )
+        if self.needs_logits:  # a slot whose processed logits allow no token has no q to sample: drafts end before it
+            allowed = torch.isfinite(proposal.logits[0, :num_drafts]).any(dim=-1)
+            num_drafts = int(allowed.long().cumprod(0).sum())
         if self.confidence_threshold > 0:
-            num_drafts = self._confident_prefix(proposal.token_log_probs())
+            num_drafts = min(num_drafts, self._confident_prefix(proposal.token_log_probs()))
         if self.stop is not None:
             num_drafts = self._before_stop(input_ids, proposal.tokens[0, :num_drafts].tolist())
         end = self._clock()
-        if num_drafts == 0:  # the first draft would complete a stop string: a plain target step
+        if num_drafts == 0:  # nothing to submit (a stop, or no samplable slot): a plain target step
             return input_ids, None
 
         self.stats.draft_time += drafted - start
@@ -402,6 +443,24 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             self._proposed_this_round = 0
 
 
+def check_prompt_inputs(input_ids: torch.LongTensor, model_kwargs: dict) -> None:
+    """Refuse prompts the drafter cannot follow: the target's features of every prompt token are its context."""
+    embeds = model_kwargs.get("inputs_embeds")
+    if embeds is not None and input_ids.shape[1] < embeds.shape[1]:
+        raise ValueError(
+            "xPress drafting needs the prompt's token ids: generate(inputs_embeds=...) was given without input_ids, "
+            "so the drafter would never see the prompt. Pass input_ids too."
+        )
+    cache = model_kwargs.get("cache")
+    cached = cache.get_seq_length() if cache is not None else 0
+    if cached:
+        raise ValueError(
+            f"generate(cache=...) was given a cache that already holds {cached} tokens (a cached prefix or an earlier "
+            "turn): the target skips their forward, so the drafter never gets their hidden states. Pass an empty "
+            "cache, or none, with an xPress drafter."
+        )
+
+
 def first_stop(criteria, input_ids: torch.LongTensor, tokens: list[int]) -> int | None:
     """The index of the first of `tokens` at which stopping `criteria` fire, appending them to `input_ids` (`[1, n]`)
     one at a time (plain `generate` checks after every token, handing its criteria no scores without output_scores);
@@ -413,16 +472,32 @@ def first_stop(criteria, input_ids: torch.LongTensor, tokens: list[int]) -> int 
     return None
 
 
-# Criteria that need no cut drafts: `_assisted_decoding` enforces max length and EOS inside a round, max time does not
-# depend on the tokens, and confidence is a classic assistant's own criterion (on its scores).
-ROUND_SAFE_CRITERIA = (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria, ConfidenceCriteria)
+def enforced_in_round(criterion, generation_config: GenerationConfig) -> bool:
+    """Whether `criterion` needs no cut drafts: `_assisted_decoding` itself ends a round at `generation_config`'s
+    max length and EOS ids (a user's `MaxLengthCriteria` / `EosTokenCriteria` may ask for less), max time does not
+    depend on the tokens, and confidence is a classic assistant's own criterion (on its scores)."""
+    if isinstance(criterion, (MaxTimeCriteria, ConfidenceCriteria)):
+        return True
+    if isinstance(criterion, MaxLengthCriteria):
+        if generation_config.max_length is not None and criterion.max_length > generation_config.max_length:
+            raise ValueError(
+                f"stopping_criteria holds MaxLengthCriteria(max_length={criterion.max_length}), beyond generate's "
+                f"max_length ({generation_config.max_length}), which assisted decoding cannot pass: give generate "
+                f"max_length={criterion.max_length} (or max_new_tokens) instead."
+            )
+        return criterion.max_length == generation_config.max_length
+    if isinstance(criterion, EosTokenCriteria):
+        eos = generation_config._eos_token_tensor
+        return eos is not None and set(criterion.eos_token_id.tolist()) <= set(eos.flatten().tolist())
+    return False
 
 
 def draft_stopping_criteria(stopping_criteria: StoppingCriteriaList | None, generation_config: GenerationConfig,
                             tokenizer=None) -> StoppingCriteriaList | None:
-    """The criteria drafts must end before: `stopping_criteria` (those `generate` checks) but `ROUND_SAFE_CRITERIA`,
-    plus one for `generation_config.stop_strings` when none is among them; None when that leaves nothing."""
-    criteria = [c for c in stopping_criteria or () if not isinstance(c, ROUND_SAFE_CRITERIA)]
+    """The criteria drafts must end before: those of `stopping_criteria` (what `generate` checks) that transformers
+    does not enforce inside a round (`enforced_in_round`), plus one for `generation_config.stop_strings` when none is
+    among them; None when that leaves nothing."""
+    criteria = [c for c in stopping_criteria or () if not enforced_in_round(c, generation_config)]
     if generation_config.stop_strings and not any(isinstance(c, StopStringCriteria) for c in criteria):
         criteria.append(stop_string_criteria(tokenizer, generation_config.stop_strings))
     return StoppingCriteriaList(criteria) if criteria else None

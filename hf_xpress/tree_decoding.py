@@ -48,9 +48,11 @@ With `lookup_branch=True` too, the drafter's tree runs every round and lookup's 
 branch (`add_branch`: sharing the nodes it agrees with), so a round is not lost where lookup is wrong and the drafter
 right; the verify forward is wider by the branch's new nodes in the rounds where lookup finds something.
 
-Limits, each with a clear error: batch size 1 without padding (like transformers' assisted generation), token ids
-only (no `return_dict_in_generate`), no `assistant_ensemble_weight`, and a cache of full-attention `DynamicLayer`s
-(the default cache of decoder-only models without sliding-window or linear-attention layers).
+Limits, each with a clear error: batch size 1 without padding (like transformers' assisted generation), greedy or
+sampling only, a prompt given as token ids at positions 0..n-1 (no `inputs_embeds`, `position_ids` or a cache that
+already holds tokens), token ids returned (no `return_dict_in_generate`), no `assistant_ensemble_weight`, and a cache
+of full-attention `DynamicLayer`s (the default cache of decoder-only models without sliding-window or linear-attention
+layers); and, as on chains, no option that scoring drafts would get wrong (`check_generation_options`).
 """
 
 from __future__ import annotations
@@ -60,8 +62,9 @@ from types import SimpleNamespace
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.generation.configuration_utils import GenerationMode
 
-from .generation import XPressCandidateGenerator, first_stop, is_xpress_drafter
+from .generation import XPressCandidateGenerator, check_prompt_inputs, first_stop, is_xpress_drafter
 
 DEFAULT_TREE_WIDTH = 3
 
@@ -225,8 +228,15 @@ def tree_decoding(
     if generation_config.num_beams > 1 or generation_config.num_return_sequences > 1:
         raise ValueError("tree_decoding decodes one sequence: num_beams and num_return_sequences must be 1, got "
                          f"{generation_config.num_beams} / {generation_config.num_return_sequences}.")
+    mode = generation_config.get_generation_mode()
+    if mode not in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE, GenerationMode.ASSISTED_GENERATION):
+        raise ValueError(f"tree_decoding decodes greedily or by sampling; the generate options given ask for "
+                         f"{mode.value} (penalty_alpha, dola_layers, constraints or force_words_ids).")
     if input_ids.shape[0] != 1:
         raise ValueError(f"tree_decoding supports batch size 1; got {input_ids.shape[0]}. Call generate once per prompt.")
+    check_prompt_inputs(input_ids, model_kwargs)
+    if model_kwargs.get("inputs_embeds") is not None:
+        raise ValueError("tree_decoding runs the target on the prompt's token ids; inputs_embeds is not supported.")
     if generation_config.return_dict_in_generate:
         raise ValueError("tree_decoding returns token ids only; return_dict_in_generate=True is not supported.")
     mask = model_kwargs.get("attention_mask")
@@ -234,6 +244,9 @@ def tree_decoding(
         raise ValueError("tree_decoding takes an unpadded prompt, and its attention_mask has zeros: a padded prompt, "
                          "or, with no attention_mask given, pad_token_id occurring in the prompt (transformers masks "
                          "those positions); pass attention_mask=torch.ones_like(input_ids) if they are real tokens.")
+    positions = model_kwargs.get("position_ids")
+    if positions is not None and not torch.equal(positions.cpu(), torch.arange(input_ids.shape[1])[None]):
+        raise ValueError("tree_decoding places the prompt at positions 0..n-1 and does not take position_ids.")
     cache = model_kwargs.get("cache")
     if cache is None:
         cache = DynamicCache(config=model.config)

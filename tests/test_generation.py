@@ -7,7 +7,7 @@ import random
 
 import pytest
 import torch
-from transformers import GenerationMixin, StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 from transformers.generation.streamers import BaseStreamer
 
@@ -108,6 +108,60 @@ def test_prompt_lookup_rounds_mix_with_drafter_rounds_and_stay_lossless(target, 
     with pytest.raises(ValueError, match="assistant_ensemble_weight with do_sample=True cannot be combined with stop"):
         target.generate(ids, assistant_model=drafter, assistant_ensemble_weight=0.5, max_new_tokens=5, do_sample=True,
                         stopping_criteria=StoppingCriteriaList([_LastTokenIs(0)]))
+
+
+class _BanEvenAtOddLengths(LogitsProcessor):
+    """Bans every even token id where the sequence so far has an odd length."""
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if input_ids.shape[1] % 2:
+            scores = scores.clone()
+            scores[:, ::2] = -float("inf")
+        return scores
+
+
+def test_sampling_ends_drafts_before_a_slot_that_allows_no_draft_token(target):
+    """A drafter restricted to a draft vocabulary (even ids) under a processor that bans all of it at some slots (odd
+    lengths) has no q to sample those slots from (all -inf): drafts end before such a slot (the cut depends on the
+    slot's logits, not on its token, so sampling stays exact) instead of transformers' sampler failing on NaN
+    probabilities. The slots in between are drafted and accepted."""
+    drafter = tiny_drafter(target, "xpress")
+    drafter.set_draft_vocab(torch.arange(0, 128, 2))
+    ids = torch.randint(0, 126, (1, 8), generator=torch.Generator().manual_seed(0))
+    processors = LogitsProcessorList([_BanEvenAtOddLengths()])
+    torch.manual_seed(0)
+    proposed = []
+    for _ in range(3):
+        out = target.generate(ids, assistant_model=drafter, do_sample=True, max_new_tokens=20,
+                              logits_processor=processors)
+        new = out[0, ids.shape[1]:].tolist()
+        assert all(token % 2 for i, token in enumerate(new) if (ids.shape[1] + i) % 2), new
+        proposed += drafter.stats.proposed
+    assert proposed and set(proposed) == {1}  # one samplable slot per round: the cut fell before the second
+
+
+def test_a_hybrid_target_keeps_the_recurrent_states_a_long_lookup_round_needs():
+    """A linear-attention target's cache records recurrent states to roll rejected drafts back, as many as the
+    generator says a round drafts; a prompt lookup round may submit more than a drafter block (here up to 30 against
+    7), so the generator reports the larger count (with the block's, transformers' crop failed with an IndexError)."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    torch.manual_seed(0)
+    target = Qwen3NextForCausalLM(Qwen3NextConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+        shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_value_heads=2, linear_num_key_heads=2,
+        linear_key_head_dim=16, linear_value_head_dim=16, layer_types=["linear_attention", "full_attention"] * 2,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )).eval()
+    drafter = tiny_drafter(target, "xpress", block_size=8)
+    phrase = torch.randint(0, 126, (1, 40), generator=torch.Generator().manual_seed(1))
+    ids = torch.cat([phrase, torch.tensor([[7, 7]]), phrase[:, :3]], dim=1)  # lookup continues the phrase
+    plain = target.generate(ids, max_new_tokens=30, do_sample=False)
+    ours = target.generate(ids, max_new_tokens=30, do_sample=False, assistant_model=drafter,
+                           prompt_lookup_num_tokens=30)
+    assert torch.equal(ours, plain)
+    assert max(n for n, looked in zip(drafter.stats.proposed, drafter.stats.lookup) if looked) > 7
 
 
 def test_prompt_lookup_first_with_logits_processors_stays_lossless(target):
@@ -229,27 +283,21 @@ class _LastTokenIs(StoppingCriteria):
         return input_ids[:, -1] == self.token
 
 
-def test_custom_stopping_criteria_stop_where_plain_generate_stops(target, monkeypatch):
-    """transformers checks a user's `stopping_criteria` only at the end of a round: drafts end before a token at which
-    one fires, so the output stops where plain generate stops, also when the rounds accept many drafts (the drafter's
-    first drafts are replaced by the target's continuation before the generator cuts them). The same runs without
-    that cut run on past the stop. Under sampling such criteria make the generator hand transformers no logits (the
-    target is sampled and drafts matched, as with stop strings); with none, nothing is checked per draft."""
-    drafter = tiny_drafter(target, "xpress")
-    ids = torch.randint(0, 126, (1, 9))
-    long_run = target.generate(ids, max_new_tokens=60, do_sample=False)[0]
-    new = long_run[ids.shape[1]:].tolist()
-    generators = []
+def _plant_continuation(monkeypatch, continuation: torch.Tensor) -> list:
+    """Make a random drafter's first drafts of each round (a random number of them) the target's `continuation`
+    (`[n]`, prompt included), before the generator decides what to submit, so rounds accept many drafts. Returns the
+    list of (generator, input length) of each `get_candidates` call."""
+    calls = []
     get_candidates, propose, rng = XPressCandidateGenerator.get_candidates, XPressDrafterModel.propose, random.Random(0)
 
     def remember(self, input_ids, *args, **kwargs):
-        generators.append((self, input_ids.shape[1]))
+        calls.append((self, input_ids.shape[1]))
         return get_candidates(self, input_ids, *args, **kwargs)
 
-    def truthful(self, *args, **kwargs):  # the first `good` drafts are the target's continuation
+    def truthful(self, *args, **kwargs):
         proposal = propose(self, *args, **kwargs)
-        start = generators[-1][1]
-        truth = long_run[start : start + proposal.tokens.shape[1]]
+        start = calls[-1][1]
+        truth = continuation[start : start + proposal.tokens.shape[1]]
         good = rng.randint(0, len(truth))
         proposal.tokens = proposal.tokens.clone()
         proposal.tokens[0, :good] = truth[:good]
@@ -257,6 +305,20 @@ def test_custom_stopping_criteria_stop_where_plain_generate_stops(target, monkey
 
     monkeypatch.setattr(XPressCandidateGenerator, "get_candidates", remember)
     monkeypatch.setattr(XPressDrafterModel, "propose", truthful)
+    return calls
+
+
+def test_custom_stopping_criteria_stop_where_plain_generate_stops(target, monkeypatch):
+    """transformers checks a user's `stopping_criteria` only at the end of a round: drafts end before a token at which
+    one fires, so the output stops where plain generate stops, also when the rounds accept many drafts. The same runs
+    without that cut run on past the stop. Under sampling such criteria make the generator hand transformers no
+    logits (the target is sampled and drafts matched, as with stop strings); with none, nothing is checked per
+    draft."""
+    drafter = tiny_drafter(target, "xpress")
+    ids = torch.randint(0, 126, (1, 9))
+    long_run = target.generate(ids, max_new_tokens=60, do_sample=False)[0]
+    new = long_run[ids.shape[1]:].tolist()
+    generators = _plant_continuation(monkeypatch, long_run)
 
     def run(token: int, **kwargs) -> torch.Tensor:
         criteria = StoppingCriteriaList([_LastTokenIs(token)])
@@ -281,6 +343,31 @@ def test_custom_stopping_criteria_stop_where_plain_generate_stops(target, monkey
     monkeypatch.setattr(generation, "draft_stopping_criteria", lambda *args, **kwargs: None)  # the cut undone
     ran_on = sum(run(token, assistant_model=drafter).shape[1] > outputs[token].shape[1] for token in tokens)
     assert ran_on >= 2, ran_on
+
+
+def test_a_users_eos_and_max_length_criteria_stop_where_plain_generate_stops(target, monkeypatch):
+    """transformers ends a round at the generation config's EOS ids and max length only. A user's `EosTokenCriteria`
+    for other ids, or a `MaxLengthCriteria` below max_length, are checked per draft like any criterion (plain
+    generate stops there); one beyond max_length, which assisted decoding cannot reach, is a clear error."""
+    from transformers import EosTokenCriteria, MaxLengthCriteria
+
+    drafter = tiny_drafter(target, "xpress")
+    ids = torch.randint(0, 126, (1, 9))
+    long_run = target.generate(ids, max_new_tokens=60, do_sample=False)[0]
+    new = long_run[ids.shape[1]:].tolist()
+    _plant_continuation(monkeypatch, long_run)
+    eos = max(set(new), key=new.index)  # the token first generated last
+    assert new.index(eos) >= 5
+    for criterion in (EosTokenCriteria(eos_token_id=eos), MaxLengthCriteria(max_length=ids.shape[1] + 30)):
+        kwargs = dict(max_new_tokens=60, do_sample=False, pad_token_id=0,
+                      stopping_criteria=StoppingCriteriaList([criterion]))
+        plain = target.generate(ids, **kwargs)
+        assert plain.shape[1] < long_run.shape[0], criterion  # the criterion stopped plain generate early
+        assert torch.equal(target.generate(ids, assistant_model=drafter, **kwargs), plain), criterion
+    assert max(drafter.stats.accepted) >= 5
+    too_long = StoppingCriteriaList([MaxLengthCriteria(max_length=ids.shape[1] + 20)])
+    with pytest.raises(ValueError, match=r"MaxLengthCriteria\(max_length=29\), beyond generate's max_length \(19\)"):
+        target.generate(ids, assistant_model=drafter, max_new_tokens=10, do_sample=False, stopping_criteria=too_long)
 
 
 @pytest.mark.parametrize("refiner", REFINERS)
@@ -567,9 +654,11 @@ def test_streamer_receives_exactly_the_generated_tokens(target):
 
 
 def test_options_drafting_would_get_wrong_are_refused_on_both_paths(target):
-    """Classifier-free guidance (its processor runs the model and keeps state that scoring drafts would advance: the
-    output differed from plain generate even with no draft accepted) and output_attentions without eager attention
-    (transformers' assisted decoding fails on the missing weights) are clear errors, on chains and on trees."""
+    """Classifier-free guidance and SynthID watermarking (their processors keep state that scoring drafts would
+    advance: the output differed from plain generate even with no draft accepted), a cache already holding a prompt
+    prefix and `inputs_embeds` without `input_ids` (the drafter would miss the prompt's features), and
+    output_attentions without eager attention (transformers' assisted decoding fails on the missing weights) are clear
+    errors, on chains and on trees."""
     from hf_xpress import tree_decoding
 
     drafter = tiny_drafter(target, "xpress")
@@ -577,6 +666,21 @@ def test_options_drafting_would_get_wrong_are_refused_on_both_paths(target):
     for path in ({"assistant_model": drafter}, {"custom_generate": tree_decoding, "drafter": drafter, "tree_width": 2}):
         with pytest.raises(ValueError, match="guidance_scale=1.5 .* not supported with an xPress drafter"):
             target.generate(ids, max_new_tokens=6, do_sample=False, guidance_scale=1.5, **path)
+    # SynthID's processor also keeps state (the contexts it has seen): the output differed from plain generate
+    from transformers import DynamicCache, SynthIDTextWatermarkingConfig
+
+    synthid = SynthIDTextWatermarkingConfig(keys=[654, 400, 836, 123, 340, 443, 597, 160], ngram_len=3)
+    prefix = DynamicCache(config=target.config)
+    target(ids[:, :5], cache=prefix, use_cache=True)  # a cached prompt prefix: the drafter never sees its features
+    embeds = target.get_input_embeddings()(ids)
+    for path in ({"assistant_model": drafter}, {"custom_generate": tree_decoding, "drafter": drafter, "tree_width": 2}):
+        with pytest.raises(ValueError, match="SynthID watermarking is not supported with an xPress drafter"):
+            target.generate(ids, max_new_tokens=6, do_sample=False, watermarking_config=synthid, **path)
+        with pytest.raises(ValueError, match="a cache that already holds 5 tokens"):
+            target.generate(ids, max_new_tokens=6, do_sample=False, cache=prefix, **path)
+        with pytest.raises(ValueError, match="needs the prompt's token ids: generate\\(inputs_embeds=...\\) was given"):
+            target.generate(inputs_embeds=embeds, max_new_tokens=6, do_sample=False, **path)
+    assert prefix.get_seq_length() == 5  # refused before anything ran
     assert target.config._attn_implementation != "eager"
     with pytest.raises(ValueError, match="output_attentions=True .* needs the target's attn_implementation='eager'"):
         target.generate(ids, max_new_tokens=6, do_sample=False, output_attentions=True, return_dict_in_generate=True,
@@ -591,6 +695,29 @@ def test_options_drafting_would_get_wrong_are_refused_on_both_paths(target):
         assert torch.equal(ours.sequences, plain.sequences) and len(ours.attentions) == len(plain.attentions)
     finally:
         target.set_attn_implementation(attention)
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "dynamic", "rope_theta": 10_000.0, "factor": 16.0},
+    {"rope_type": "longrope", "rope_theta": 10_000.0, "original_max_position_embeddings": 12,
+     "short_factor": [1.0] * 8, "long_factor": [4.0] * 8},
+])
+def test_a_target_whose_rope_depends_on_the_longest_position_is_exact_below_its_threshold(rope):
+    """Dynamic and LongRoPE frequencies depend on the largest position in a forward, so verifying several tokens at
+    once past the threshold rotates them unlike plain generate's one-token steps (the outputs differed): refused on
+    both paths, with the threshold named; below it the output equals plain generate's."""
+    from hf_xpress import tree_decoding
+
+    target = tiny_target("llama", max_position_embeddings=8 if rope["rope_type"] == "dynamic" else 64,
+                         rope_parameters=rope)
+    drafter = tiny_drafter(target, "xpress")
+    threshold = 8 if rope["rope_type"] == "dynamic" else 12
+    ids = torch.randint(0, 126, (1, 4), generator=torch.Generator().manual_seed(0))
+    for path in ({"assistant_model": drafter}, {"custom_generate": tree_decoding, "drafter": drafter, "tree_width": 2}):
+        plain = target.generate(ids, max_length=threshold, do_sample=False)
+        assert torch.equal(target.generate(ids, max_length=threshold, do_sample=False, **path), plain)
+        with pytest.raises(ValueError, match=f"'{rope['rope_type']}' RoPE .* keep max_length <= {threshold}"):
+            target.generate(ids, max_length=threshold + 1, do_sample=False, **path)
 
 
 def test_batch_size_above_one_is_a_clear_error(target):

@@ -591,6 +591,14 @@ def test_unsupported_requests_are_clear_errors(target):
         _tree_generate(target, ids, drafter, 2, max_new_tokens=4, attention_mask=torch.tensor([[0, 1, 1, 1, 1]]))
     with pytest.raises(ValueError, match="pad_token_id occurring in the prompt"):  # transformers' mask, not the user's
         _tree_generate(target, ids, drafter, 2, max_new_tokens=4, pad_token_id=int(ids[0, 2]))
+    for mode, options in (("contrastive_search", dict(penalty_alpha=0.6, top_k=4)),
+                          ("dola_generation", dict(dola_layers="high"))):  # plain generate would load them from the Hub
+        with pytest.raises(ValueError, match=f"decodes greedily or by sampling; .* ask for {mode}"):
+            _tree_generate(target, ids, drafter, 2, max_new_tokens=4, **options)
+    with pytest.raises(ValueError, match="does not take position_ids"):
+        _tree_generate(target, ids, drafter, 2, max_new_tokens=4, position_ids=torch.tensor([[0, 0, 1, 2, 3]]))
+    with pytest.raises(ValueError, match="inputs_embeds is not supported"):  # a soft prompt with the ids: ignored
+        _tree_generate(target, ids, drafter, 2, max_new_tokens=4, inputs_embeds=torch.randn(1, 5, 64))
     other = tiny_target("qwen3", num_hidden_layers=4)
     with pytest.raises(ValueError, match="built for another target"):
         _tree_generate(target, ids, tiny_drafter(other), 2, max_new_tokens=4)

@@ -354,8 +354,12 @@ def load_target(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_target(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    except OSError as err:  # a missing folder reads as a malformed Hub id
+        raise ValueError(f"Could not load the target {name_or_path!r}: not an alias ({', '.join(GGUF_MODELS)}), a "
+                         f"model folder or a Hub id ({err})") from err
     model.eval()
     return model, tokenizer
 

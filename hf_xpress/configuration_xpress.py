@@ -6,8 +6,16 @@ from typing import Any
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
+# Integer fields, all of them sizes that must be at least 1 (the first 8: the model's, checked together), and those
+# that may also be None.
+SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "head_dim", "max_position_embeddings", "block_size", "refiner_rank",
+               "refiner_mlp_ratio", "num_target_layers")
+OPTIONAL_SIZE_FIELDS = ("target_hidden_size", "sliding_window")
 REFINERS = ("xpress", "markov", None)
 LAYER_TYPES = ("full_attention", "sliding_attention")
 DRAFT_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
@@ -139,6 +147,7 @@ class XPressDrafterConfig(PreTrainedConfig):
     tree_temperature: float = 1.0
 
     def __post_init__(self, **kwargs: Any) -> None:
+        self._check_types()  # before the defaults below compute with them
         if self.target_hidden_size is None:
             self.target_hidden_size = self.hidden_size
         if self.target_layer_ids is None:
@@ -150,8 +159,38 @@ class XPressDrafterConfig(PreTrainedConfig):
         super().__post_init__(**kwargs)
         self.validate_xpress()
 
+    def _check_types(self) -> None:
+        """Raise a `ValueError` naming the first size or id field that is not an integer (or a list of them), as in a
+        config.json edited by hand: computing with it would fail far from the cause, or silently round."""
+        def is_int(value) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        for name in SIZE_FIELDS + ("mask_token_id",) + OPTIONAL_SIZE_FIELDS:
+            value = getattr(self, name)
+            if not (is_int(value) or (value is None and name in OPTIONAL_SIZE_FIELDS)):
+                raise ValueError(f"XPressDrafterConfig: {name} must be an integer, got {value!r}.")
+        for name in ("target_layer_ids", "causal_layers"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (list, tuple)) and all(is_int(i) for i in value)):
+                raise ValueError(f"XPressDrafterConfig: {name} must be a list of integers, got {value!r}.")
+        if not isinstance(self.rms_norm_eps, (int, float)) or isinstance(self.rms_norm_eps, bool) or not (
+            self.rms_norm_eps > 0
+        ):
+            raise ValueError(f"XPressDrafterConfig: rms_norm_eps must be a positive number, got {self.rms_norm_eps!r}.")
+
     def validate_xpress(self) -> None:
         """Raise a `ValueError` naming the first inconsistent field."""
+        self._check_types()
+        small = [name for name in SIZE_FIELDS[:8] if getattr(self, name) < 1]  # the model's sizes (more below)
+        if small:
+            raise ValueError(f"XPressDrafterConfig: {small[0]} must be at least 1, got {getattr(self, small[0])}.")
+        if self.hidden_act not in ACT2FN:
+            raise ValueError(f"XPressDrafterConfig: hidden_act {self.hidden_act!r} is not an activation transformers "
+                             f"knows ({', '.join(sorted(ACT2FN))}).")
+        rope_type = (self.rope_parameters or {}).get("rope_type", "default")
+        if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
+            raise ValueError(f"XPressDrafterConfig: rope_parameters' rope_type {rope_type!r} is not one of "
+                             f"{['default', *ROPE_INIT_FUNCTIONS]}.")
         # Types first (a config.json edited by hand, `--set`): the range checks below would fail inside Python.
         for name, kinds in (("jacobi_passes", (int,)), ("jacobi_early_stop", (bool,)), ("refiner_shortlist", (int, None)),
                             ("num_assistant_tokens", (int, None)), ("assistant_confidence_threshold", (int, float)),

@@ -41,7 +41,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .configuration_xpress import XPressDrafterConfig, default_target_layer_ids
-from .modeling_xpress import XPressDrafterModel
+from .modeling_xpress import XPressDrafterModel, check_compatible
 
 
 logger = logging.getLogger(__name__)
@@ -207,7 +207,10 @@ def _target_text_config(target) -> Any | None:
         return target.config.get_text_config()
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(target).get_text_config()
+    try:
+        return AutoConfig.from_pretrained(target).get_text_config()
+    except OSError as err:  # a missing folder reads as a malformed Hub id
+        raise ConversionError(f"Could not read the target's config from {target!r} (a folder or Hub id): {err}") from err
 
 
 def _rope_parameters(raw: dict) -> dict:
@@ -913,6 +916,9 @@ def load_checkpoint(
         )
     elif jacobi_passes is not None:
         drafter.config.jacobi_passes = int(jacobi_passes)
+        drafter.config.validate_xpress()
+    if target is not None:  # the target given must be the one the checkpoint was trained for
+        check_compatible(_target_text_config(target), drafter.config)
     return drafter
 
 
@@ -960,7 +966,13 @@ def _load_from_args(args) -> XPressDrafterModel:
     )
 
 
+def _check_output_folder(path) -> None:
+    if Path(path).exists() and not Path(path).is_dir():
+        raise ConversionError(f"{path} exists and is not a folder: give a new or existing folder for the output.")
+
+
 def _run_convert(args) -> int:
+    _check_output_folder(args.output)
     drafter = _load_from_args(args)
     drafter.save_pretrained(args.output)
     c = drafter.config
@@ -969,6 +981,7 @@ def _run_convert(args) -> int:
 
 
 def _run_export(args) -> int:
+    _check_output_folder(args.output)
     drafter = _load_from_args(args)
     result = export_vllm(drafter, args.output, dtype=args.dtype)
     print(f"wrote {result.path} ({result.architecture}, vLLM method {result.method!r}). Serve it with:\n")

@@ -534,6 +534,8 @@ def install() -> None:
     - `_extract_generation_mode_kwargs`: for a `custom_generate` callable it keeps only the arguments `_sample` lacks,
       so the `streamer` that `generate` has already fed the prompt to, and the `tokenizer` its stop strings need,
       never reach the callable. For callables marked `takes_generate_streamer` (`tree_decoding`) they are passed on.
+      It is also the first step of `generate` that sees the assistant: an xPress drafter for another target is
+      refused there, by name (transformers' own check, next, would blame the tokenizers).
     """
     original = GenerationMixin._get_candidate_generator
     if getattr(original, "_hf_xpress", False):
@@ -574,6 +576,9 @@ def install() -> None:
     @functools.wraps(original_extract)
     def _extract_generation_mode_kwargs(self, *args, **kwargs):
         bound = extract_signature.bind(self, *args, **kwargs)
+        assistant = bound.arguments.get("assistant_model")
+        if is_xpress_drafter(assistant):  # before transformers' checks, which blame tokenizers for another vocabulary
+            check_compatible(self.config, assistant.config)
         tokenizer = (bound.arguments.get("kwargs") or {}).get("tokenizer")  # the original pops it
         out = original_extract(self, *args, **kwargs)
         if getattr(bound.arguments.get("custom_generate"), "takes_generate_streamer", False):

@@ -731,7 +731,12 @@ class XPressDrafterModel(XPressPreTrainedModel):
             config_kwargs = {
                 k: kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only", "subfolder") if k in kwargs
             }
-            raw, _ = XPressDrafterConfig.get_config_dict(pretrained_model_name_or_path, **config_kwargs)
+            try:
+                raw, _ = XPressDrafterConfig.get_config_dict(pretrained_model_name_or_path, **config_kwargs)
+            except (TypeError, AttributeError) as err:  # JSON that is not an object (null, a list, ...)
+                raw = err
+            if not isinstance(raw, dict):
+                raise ValueError(f"The config.json of {pretrained_model_name_or_path} does not hold a JSON object.")
             model_type = raw.get("model_type")
             if model_type != XPressDrafterConfig.model_type:
                 converted = _convert_foreign_folder(pretrained_model_name_or_path, kwargs)
@@ -744,18 +749,40 @@ class XPressDrafterModel(XPressPreTrainedModel):
                 )
         want_info = kwargs.pop("output_loading_info", False)
         try:
+            # mismatched shapes are loaded as "mismatched" (not raised by transformers without naming them), refused below
+            kwargs["ignore_mismatched_sizes"] = True
             model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
         except Exception as err:  # safetensors, torch and transformers raise unrelated exception types
             raise ValueError(f"Could not load xPress drafter weights from {pretrained_model_name_or_path}: {err}") from err
         missing = [k for k in info.get("missing_keys", []) if not k.endswith("mix.tril")]
+        unexpected = [k for k in info.get("unexpected_keys", []) if not k.endswith("mix.tril")]
         mismatched = info.get("mismatched_keys", [])
-        if missing or mismatched:
+        if missing or unexpected or mismatched:
+            def first(keys) -> str:
+                return f"{sorted(keys)[:8]}{'...' if len(keys) > 8 else ''}"
+
             raise ValueError(
                 f"Incomplete or mismatched xPress drafter checkpoint at {pretrained_model_name_or_path}: "
-                f"missing {sorted(missing)[:8]}{'...' if len(missing) > 8 else ''}, "
+                f"missing {first(missing)}, unexpected {first(unexpected)} (weights its config does not describe), "
                 f"mismatched {[m[0] if isinstance(m, tuple) else m for m in mismatched][:8]}."
             )
+        model.config.validate_xpress()  # also the overrides given here (`jacobi_passes=...`), set after the config's checks
+        model.check_draft_vocab()
         return (model, info) if want_info else model
+
+    def check_draft_vocab(self) -> None:
+        """Raise a `ValueError` if a loaded `draft_vocab` is not what `set_draft_vocab` stores: sorted, distinct ids of
+        the vocabulary, as many as `config.draft_vocab_size` (-1 everywhere: not set, refused when used)."""
+        ids = self.draft_vocab
+        if ids is None or bool((ids == -1).all()):
+            return
+        if ids.numel() != self.config.draft_vocab_size or not bool(((ids >= 0) & (ids < self.config.vocab_size)).all()) \
+                or not bool((ids[1:] > ids[:-1]).all()):
+            raise ValueError(
+                f"This drafter's draft_vocab ({ids.numel()} ids) is not {self.config.draft_vocab_size} sorted, distinct "
+                f"token ids within [0, vocab_size = {self.config.vocab_size}) (a hand-edited checkpoint?). Call "
+                "set_draft_vocab(ids), or set_draft_vocab(None) to draft over the whole vocabulary."
+            )
 
     # ---- forward --------------------------------------------------------------------------------------------------
 
@@ -836,6 +863,8 @@ class XPressDrafterModel(XPressPreTrainedModel):
         """
         passes = self.config.jacobi_passes if passes is None else passes
         early_stop = self.config.jacobi_early_stop if early_stop is None else early_stop
+        if passes < 0:
+            raise ValueError(f"propose: passes must be >= 0, got {passes}.")
         if vocab_ids is not None and logits_hook is not None:
             raise ValueError("propose: logits processors need whole-vocabulary base logits (draft_logits), not vocab_ids.")
         hook = logits_hook or (lambda scores, start, cond: scores)

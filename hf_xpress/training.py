@@ -50,7 +50,14 @@ import torch
 import torch.nn.functional as F
 
 from .configuration_xpress import INFERENCE_SETTINGS, XPressDrafterConfig
-from .modeling_xpress import XPressDrafterModel, XPressMarkovHead, XPressRefiner, default_mask_token_id, top_candidates
+from .modeling_xpress import (
+    XPressDrafterModel,
+    XPressMarkovHead,
+    XPressRefiner,
+    check_compatible,
+    default_mask_token_id,
+    top_candidates,
+)
 
 # ====================================================================================================================
 # 1. Data
@@ -123,19 +130,29 @@ def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
+def _remove_folder(path: Path) -> None:
+    """Delete the folder `path` (if any) so that a kill midway never leaves it partly deleted under its own name: it
+    is renamed to `<name>.trash` (never read; one left by an earlier kill is removed first), then removed."""
+    import shutil
+
+    trash = path.with_name(path.name + ".trash")
+    if trash.exists():
+        shutil.rmtree(trash)
+    if path.exists():
+        os.replace(path, trash)
+        shutil.rmtree(trash)
+
+
 def _replace_folder(new: Path, final: Path) -> None:
     """Move the complete folder `new` into place as `final`: the previous `final` goes aside to `final.old` first (one
     left there by an earlier kill is removed) and is removed at the end, so a kill at any point leaves a complete
     folder under one of the names (training checkpoints and shipped drafters are replaced this way)."""
-    import shutil
-
     old = final.with_name(final.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
+    _remove_folder(old)
     if final.exists():
         os.replace(final, old)
     os.replace(new, final)
-    shutil.rmtree(old, ignore_errors=True)
+    _remove_folder(old)
 
 
 def _id_dtype(vocab_size: int) -> np.dtype:
@@ -156,8 +173,9 @@ def _chat_ids(tokenizer: Any, messages: list[dict]) -> tuple[list[int], int]:
 
 
 def _fits(ids: list[int], prompt_len: int, max_len: int, max_prompt: int) -> list[int] | None:
-    """Truncate to `max_len`; reject prompts longer than `max_prompt` or responses shorter than 8 tokens."""
-    if prompt_len > max_prompt or len(ids) - prompt_len < 8:
+    """Truncate to `max_len`; reject prompts longer than `max_prompt` or responses shorter than 8 tokens (counted
+    after the truncation)."""
+    if prompt_len > max_prompt or min(len(ids), max_len) - prompt_len < 8:
         return None
     return ids[:max_len]
 
@@ -1252,6 +1270,11 @@ def calibration_estimate(base: torch.Tensor, scores: torch.Tensor, labels: torch
 # ====================================================================================================================
 
 
+def _has_anchor(tokens, labels, prompt_len: int) -> bool:
+    """Whether a sequence has a position `choose_anchors` can draw (one response token to draft, at least)."""
+    return len(tokens) - 2 >= max(prompt_len - 1, 1)
+
+
 def choose_anchors(length: int, prompt_len: int, count: int, generator: torch.Generator) -> list[int]:
     """Up to `count` distinct anchor positions in `[max(prompt_len - 1, 1), length - 2]`, sorted."""
     lo, hi = max(prompt_len - 1, 1), length - 2
@@ -1446,13 +1469,17 @@ def head_rows(lm_head: torch.nn.Module, vocab: torch.LongTensor) -> torch.Tensor
     return _HEAD_ROWS[key]
 
 
-def rebuilt(drafter: XPressDrafterModel, **changes) -> tuple[XPressDrafterModel, list[str], list[str]]:
+def rebuilt(drafter: XPressDrafterModel, keep_refiner: bool = True,
+            **changes) -> tuple[XPressDrafterModel, list[str], list[str]]:
     """A new drafter of `drafter`'s dtype whose config is `drafter`'s with `changes`, carrying every weight of
-    `drafter` that it still has: (model, its keys `drafter` had no weight for, `drafter`'s keys it has no place for)."""
+    `drafter` that it still has (without its refiner's when `keep_refiner` is False: a fresh refiner of another kind
+    shares key names, not meaning): (model, its keys `drafter` had no weight for, `drafter`'s keys it has no place
+    for)."""
     conf = drafter.config.to_dict()
     conf.update(changes)
     model = XPressDrafterModel(type(drafter.config).from_dict(conf)).to(drafter.fc.weight.dtype)
-    missing, unexpected = model.load_state_dict(drafter.state_dict(), strict=False)
+    state = {k: v for k, v in drafter.state_dict().items() if keep_refiner or not k.startswith("refiner.")}
+    missing, unexpected = model.load_state_dict(state, strict=False)
     return model, missing, unexpected
 
 
@@ -1573,6 +1600,23 @@ def sequences_with_features(data: Dataset, idx: list[int], target: Any, layer_id
     return seqs, [f[r, : len(t)] for r, (t, _, _) in enumerate(seqs)], [fin[r, : len(t)] for r, (t, _, _) in enumerate(seqs)]
 
 
+MAX_SKIPPED_IN_A_ROW = 10  # non-finite steps in a row after which a run stops with an error
+
+
+def check_train_numbers(cfg: "TrainConfig") -> None:
+    """Raise a `ValueError` naming the first setting whose value cannot train (a zero batch, a non-positive lr, ...)."""
+    for name in ("batch_size", "grad_accum", "anchors_per_seq", "eval_anchors", "save_every", "max_steps"):
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.eval_every < 0:
+        raise ValueError(f"eval_every must be >= 0 (0: no evaluation during the run), got {cfg.eval_every}")
+    for name in ("lr", "clip", "gamma"):
+        if not getattr(cfg, name) > 0:
+            raise ValueError(f"{name} must be a positive number, got {getattr(cfg, name)}")
+    if cfg.train_vocab < 0:
+        raise ValueError(f"train_vocab must be >= 0 (0: the whole vocabulary), got {cfg.train_vocab}")
+
+
 class Trainer:
     """Co-trains a drafter and its refiner; see the module docstring. `run()` trains to `max_steps` or until
     stopped, checkpointing to `out/checkpoint` and resuming from it."""
@@ -1597,6 +1641,12 @@ class Trainer:
         self.embed = self.target.get_input_embeddings()
         self.lm_head = self.target.get_output_embeddings()
         self.data = Dataset.load(cfg.data)
+        check_train_numbers(cfg)
+        vocab_size = self.target.config.get_text_config().vocab_size
+        largest = int(self.data.tokens[: int(self.data.offsets[-1])].max()) if self.data.num_sequences else -1
+        if largest >= vocab_size:
+            raise ValueError(f"{cfg.data} holds token id {largest}, outside the target's vocabulary "
+                             f"({vocab_size} tokens): the data was built for another target.")
         if min(cfg.ce_weight, cfg.tv_weight) < 0 or cfg.ce_weight + cfg.tv_weight <= 0:
             raise ValueError(f"ce_weight and tv_weight must be >= 0 and not both 0, got {cfg.ce_weight} / {cfg.tv_weight}")
         if not 0.0 <= cfg.refiner_dropout < 1.0:
@@ -1612,6 +1662,12 @@ class Trainer:
         # A prefix of the labelled set: a data-volume ablation, or what a partly rebuilt feature cache covers.
         self.num_sequences, self.train_ids, heldout = training_split(self.data.num_labelled, cfg.max_sequences,
                                                                      cfg.heldout_every)
+        anchorless = [i for i in self.train_ids + heldout if not _has_anchor(*self.data.sequence(i))]
+        if anchorless:  # no response position to anchor a block at: nothing to train or evaluate on
+            print(f"[train] skipping {len(anchorless)} sequences too short to hold a block after their prompt "
+                  f"(e.g. sequence {anchorless[0]})", flush=True)
+            self.train_ids = [i for i in self.train_ids if i not in set(anchorless)]
+            heldout = [i for i in heldout if i not in set(anchorless)]
         if not self.train_ids or not heldout:
             raise ValueError(
                 f"{cfg.data}: {self.data.num_labelled} of {self.data.num_sequences} sequences are labelled, "
@@ -1646,6 +1702,7 @@ class Trainer:
         self.history: list[dict] = []
         self.earlier_runs = earlier_runs(cfg.init_drafter)  # read now: shipping may later overwrite that folder
         self.stop_requested = False
+        self.skipped_in_a_row = 0  # steps skipped for a non-finite loss or gradient since the last good one
         self.out = Path(cfg.out)
 
     def _param_groups(self) -> list[dict]:
@@ -1677,6 +1734,23 @@ class Trainer:
     def drafter_config(self):
         return self.accel.unwrap_model(self.drafter).config
 
+    def _check_init_shape(self, config: XPressDrafterConfig, fresh_refiner: bool) -> None:
+        """Refuse shape flags given with --init-drafter that differ from that drafter's (they were ignored): its
+        layers, block and mask token are kept, and its refiner's rank unless a refiner of another kind replaces it."""
+        defaults, cfg = TrainConfig(), self.cfg
+        flags = [("layers", config.num_hidden_layers), ("block_size", config.block_size),
+                 ("mask_token_id", config.mask_token_id), ("intermediate_size", config.intermediate_size),
+                 ("layer_ids", list(config.target_layer_ids))]
+        if not fresh_refiner:
+            flags.append(("refiner_rank", config.refiner_rank))
+        for name, kept in flags:
+            given = getattr(cfg, name)
+            given = list(given) if name == "layer_ids" and given is not None else given
+            grown = name == "layers" and given == kept + cfg.grow_layers  # the layer count after --grow-layers
+            if given != getattr(defaults, name) and given != kept and not grown:
+                raise ValueError(f"--{name.replace('_', '-')} {given} differs from the --init-drafter's {kept}: a run "
+                                 f"from a saved drafter keeps its shape (--grow-layers adds layers).")
+
     def _build_drafter(self) -> torch.nn.Module:
         cfg = self.cfg
         if not cfg.init_drafter:  # before any model is built
@@ -1687,10 +1761,15 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         fresh_refiner = True
         if cfg.init_drafter:
-            base = XPressDrafterModel.from_pretrained(cfg.init_drafter, dtype=torch.float32)
+            try:
+                base = XPressDrafterModel.from_pretrained(cfg.init_drafter, dtype=torch.float32)
+            except OSError as err:  # a missing folder reads as a malformed Hub id
+                raise ValueError(f"--init-drafter {cfg.init_drafter}: not a saved drafter folder or Hub id ({err})") from err
+            check_compatible(self.target.config, base.config)
             fresh_refiner = base.config.refiner != cfg.refiner
+            self._check_init_shape(base.config, fresh_refiner)
             if fresh_refiner:  # attach a fresh refiner of the requested kind
-                base, _, _ = rebuilt(base, refiner=cfg.refiner, refiner_rank=cfg.refiner_rank)
+                base, _, _ = rebuilt(base, keep_refiner=False, refiner=cfg.refiner, refiner_rank=cfg.refiner_rank)
             drafter = grow_layers(base, cfg.grow_layers) if cfg.grow_layers else base
         else:
             mask = cfg.mask_token_id
@@ -1809,13 +1888,21 @@ class Trainer:
             finite = math.isfinite(grad_norm)
         if finite:
             self.optimizer.step()
+            self.skipped_in_a_row = 0
         else:
             self.state["skipped"] += 1
+            self.skipped_in_a_row += 1
+            if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
+                raise ValueError(
+                    f"{self.skipped_in_a_row} steps in a row (to step {step + 1}) had a non-finite loss or gradient and "
+                    f"were skipped: these settings cannot train (lr {self.cfg.lr}, gamma {self.cfg.gamma}, clip "
+                    f"{self.cfg.clip}). The last checkpoint, if any, is as it was; no final drafter was written."
+                )
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.state["step"] += 1
         self.state["train_seconds"] += time.time() - t0
-        return {"step": self.state["step"], "loss": total, **parts_sum, "grad_norm": grad_norm,
+        return {"step": self.state["step"], "loss": total if finite else float("nan"), **parts_sum, "grad_norm": grad_norm,
                 "lr": self.scheduler.get_last_lr()[0], "tokens": self.state["tokens"], "skipped": self.state["skipped"]}
 
     @torch.no_grad()
@@ -1860,13 +1947,14 @@ class Trainer:
 
         The new state is written to `checkpoint.tmp` (complete once its `trainer_state.json` exists), then the
         previous `checkpoint` is moved aside to `checkpoint.old` and the new one moved in; a kill at any point leaves
-        one complete checkpoint that `load_checkpoint` finds."""
-        import shutil
-
+        one complete checkpoint that `load_checkpoint` finds, and never a partly deleted one (`_remove_folder`)."""
         final, tmp = self.out / "checkpoint", self.out / "checkpoint.tmp"
         self.accel.wait_for_everyone()
-        if self.accel.is_main_process and tmp.exists():  # a save killed before it completed
-            shutil.rmtree(tmp)
+        if self.accel.is_main_process:
+            if (tmp / "trainer_state.json").exists():  # a save killed between its renames: the newest state, kept
+                _replace_folder(tmp, final)
+            else:  # a save killed before it completed
+                _remove_folder(tmp)
         self.accel.wait_for_everyone()
         self.accel.save_state(str(tmp))
         if self.accel.is_main_process:
@@ -1877,12 +1965,14 @@ class Trainer:
         self.accel.wait_for_everyone()
 
     def latest_checkpoint(self) -> Path | None:
-        """The newest complete checkpoint folder: `checkpoint`, or where a save was killed between its renames, the
-        finished `checkpoint.tmp` or the previous `checkpoint.old`; None when there is none."""
-        for name in ("checkpoint", "checkpoint.tmp", "checkpoint.old"):
-            if (self.out / name / "trainer_state.json").exists():
-                return self.out / name
-        return None
+        """The complete checkpoint folder of the latest step among `checkpoint` and, where a save was killed before or
+        between its renames, the finished `checkpoint.tmp` and the previous `checkpoint.old`; None when there is none."""
+        found = []
+        for order, name in enumerate(("checkpoint", "checkpoint.tmp", "checkpoint.old")):
+            marker = self.out / name / "trainer_state.json"
+            if marker.exists():
+                found.append((json.loads(marker.read_text())["state"]["step"], -order, self.out / name))
+        return max(found)[2] if found else None
 
     def load_checkpoint(self) -> bool:
         folder = self.latest_checkpoint()

@@ -699,6 +699,27 @@ def test_dtype_names_and_cli_errors(tmp_path, capsys):
     assert "invalid choice: 'Size'" in capsys.readouterr().err
 
 
+def test_cli_refuses_a_target_the_checkpoint_was_not_trained_for_and_a_file_as_output(tmp_path, target, capsys):
+    """`--target` whose vocabulary or width contradicts the checkpoint converted silently (its depth was checked);
+    a missing target folder read as a malformed Hub id; an output path that is a file was reported as written."""
+    from hf_xpress.cli import main
+
+    base = write_zlab(tmp_path / "zlab")
+    for name, changes in (("vocab", dict(vocab_size=2 * V)), ("width", dict(hidden_size=H // 2, head_dim=HD // 2))):
+        other = Qwen3Config(**{**target.config.to_dict(), **changes})
+        other.save_pretrained(tmp_path / name)
+        assert main(["convert", str(base), str(tmp_path / f"out-{name}"), "--target", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert "built for another target" in err and ("vocab_size" in err if name == "vocab" else "hidden size" in err)
+    assert main(["convert", str(base), str(tmp_path / "out"), "--target", str(tmp_path / "no-such-folder")]) == 2
+    assert "Could not read the target's config from" in capsys.readouterr().err
+    (tmp_path / "a-file").write_text("x")
+    for command in ("convert", "export"):
+        assert main([command, str(base), str(tmp_path / "a-file")]) == 2
+        assert "a-file exists and is not a folder" in capsys.readouterr().err
+    assert (tmp_path / "a-file").read_text() == "x"
+
+
 # ---- corrupt and foreign checkpoints -------------------------------------------------------------------------------
 
 

@@ -458,6 +458,53 @@ def test_a_save_killed_at_any_point_still_resumes(tmp_path):
     assert trainer.state["step"] == 6 and (out / "final" / "config.json").exists()
 
 
+def test_the_newest_complete_checkpoint_is_resumed_and_kept_and_none_is_ever_half_deleted(tmp_path, monkeypatch):
+    """A save killed after checkpoint.tmp was complete but before its renames left it newer than `checkpoint`: it is
+    the one resumed (the older `checkpoint` was, repeating steps), and the next save moves it into place before
+    writing (it deleted it first, so a second kill lost it). A folder being removed is renamed to `.trash` first, so a
+    kill inside the removal never leaves a partly deleted checkpoint that looks complete (one did, and every resume
+    then failed on its missing weights)."""
+    import shutil
+
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target)
+    out = tmp_path / "run"
+    T.Trainer(_cfg(data, out, stop_after_steps=3), target=target).run()
+    ckpt, tmp, old = out / "checkpoint", out / "checkpoint.tmp", out / "checkpoint.old"
+    shutil.copytree(ckpt, tmp)
+    saved = json.loads((tmp / "trainer_state.json").read_text())
+    saved["state"]["step"] = 4  # as if written one step later
+    (tmp / "trainer_state.json").write_text(json.dumps(saved))
+    trainer = T.Trainer(_cfg(data, out), target=target)
+    assert trainer.latest_checkpoint() == tmp
+    assert trainer.load_checkpoint() and trainer.state["step"] == 4
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed while writing the new checkpoint")
+
+    monkeypatch.setattr(trainer.accel, "save_state", killed)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.save_checkpoint()
+    assert json.loads((ckpt / "trainer_state.json").read_text())["state"]["step"] == 4  # kept, now in place
+    assert T.Trainer(_cfg(data, out), target=target).latest_checkpoint() == ckpt
+
+    shutil.copytree(ckpt, old)
+    rmtree = shutil.rmtree
+
+    def killed_midway(path, *args, **kwargs):
+        (Path(path) / "model.safetensors").unlink(missing_ok=True)  # part of the folder gone, then the kill
+        raise KeyboardInterrupt("killed while removing a folder")
+
+    monkeypatch.setattr(shutil, "rmtree", killed_midway)
+    with pytest.raises(KeyboardInterrupt):
+        T._remove_folder(old)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    assert not old.exists() and (out / "checkpoint.old.trash").exists()  # never under a name that is loaded
+    T._remove_folder(old)
+    assert sorted(p.name for p in out.glob("checkpoint*")) == ["checkpoint"]
+
+
 def test_resume_refuses_other_settings_but_may_run_longer(tmp_path):
     target = tiny_llama()
     data = tmp_path / "data"
@@ -553,9 +600,69 @@ def test_nan_guard_skips_the_step(tmp_path):
     before = {k: v.clone() for k, v in trainer.drafter.state_dict().items()}
     trainer._loss = lambda idx, gen: (torch.tensor(float("nan"), requires_grad=True), {}, None)
     row = trainer.train_step()
-    assert row["skipped"] == 1
+    assert row["skipped"] == 1 and math.isnan(row["loss"])  # logged as what it was, not as 0
     for k, v in trainer.drafter.state_dict().items():
         torch.testing.assert_close(v, before[k])
+    for _ in range(T.MAX_SKIPPED_IN_A_ROW - 2):
+        trainer.train_step()
+    with pytest.raises(ValueError, match="10 steps in a row .* non-finite loss or gradient .* cannot train"):
+        trainer.train_step()  # the run stops instead of writing an untrained drafter as its result
+
+
+def test_init_drafter_flags_it_would_ignore_and_a_drafter_for_another_target_are_refused(tmp_path):
+    """With --init-drafter the saved drafter's shape is kept: shape flags that differ from it were silently ignored
+    (and recorded in the run's history as if used); a drafter for another target failed inside a forward."""
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target, num_seqs=12)
+    base = tmp_path / "base"
+    XPressDrafterModel.from_target(target, refiner="xpress", num_hidden_layers=1, block_size=4, refiner_rank=8,
+                                   mask_token_id=V - 1).save_pretrained(base)
+    for flag, value in (("block_size", 8), ("layers", 2), ("refiner_rank", 16), ("mask_token_id", 5)):
+        with pytest.raises(ValueError, match=f"--{flag.replace('_', '-')} {value} differs from the --init-drafter's"):
+            T.Trainer(_cfg(data, tmp_path / "run", init_drafter=str(base), **{flag: value}), target=target)
+    T.Trainer(_cfg(data, tmp_path / "run", init_drafter=str(base), refiner="markov", refiner_rank=16), target=target)
+    other = tmp_path / "other"
+    wide = LlamaForCausalLM(LlamaConfig(**{**target.config.to_dict(), "vocab_size": 2 * V})).eval()
+    XPressDrafterModel.from_target(wide, num_hidden_layers=1, block_size=4, refiner_rank=8,
+                                   mask_token_id=V - 1).save_pretrained(other)
+    with pytest.raises(ValueError, match="built for another target .*vocab_size: target 128, drafter 256"):
+        T.Trainer(_cfg(data, tmp_path / "run", init_drafter=str(other)), target=target)
+    with pytest.raises(ValueError, match="--init-drafter .*missing: not a saved drafter folder or Hub id"):
+        T.Trainer(_cfg(data, tmp_path / "run", init_drafter=str(tmp_path / "missing")), target=target)
+    with pytest.raises(ValueError, match="Could not load the target .*/no-such-target"):
+        T.Trainer(_cfg(data, tmp_path / "run", target=str(tmp_path / "no-such-target")))
+
+
+def test_settings_that_cannot_train_and_data_for_another_target_are_refused(tmp_path):
+    """Values that trained nothing or crashed far from the cause (lr 0 wrote an untrained drafter, a zero save
+    interval divided by zero, token ids past the target's vocabulary failed in an embedding), and sequences with no
+    response position to anchor a block at (they crashed the packing) are skipped with a count."""
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target, num_seqs=12)
+    for setting, error in ((dict(lr=0.0), "lr must be a positive number, got 0.0"),
+                           (dict(batch_size=0), "batch_size must be at least 1, got 0"),
+                           (dict(save_every=0), "save_every must be at least 1, got 0"),
+                           (dict(max_steps=-5), "max_steps must be at least 1, got -5"),
+                           (dict(clip=-1.0), "clip must be a positive number, got -1.0"),
+                           (dict(gamma=0.0), "gamma must be a positive number, got 0.0"),
+                           (dict(train_vocab=-1), "train_vocab must be >= 0")):
+        with pytest.raises(ValueError, match=error):
+            T.Trainer(_cfg(data, tmp_path / "run", **setting), target=target)
+    small = LlamaForCausalLM(LlamaConfig(**{**target.config.to_dict(), "vocab_size": V // 2})).eval()
+    with pytest.raises(ValueError, match="outside the target's vocabulary .* built for another target"):
+        T.Trainer(_cfg(data, tmp_path / "run"), target=small)
+
+    short = tmp_path / "short"
+    make_dataset(short, target, num_seqs=12)
+    prompt_lens = np.load(short / "prompt_lens.npy")
+    offsets = np.load(short / "offsets.npy")
+    prompt_lens[[1, 2]] = offsets[[2, 3]] - offsets[[1, 2]]  # two sequences that are all prompt
+    np.save(short / "prompt_lens.npy", prompt_lens)
+    trainer = T.Trainer(_cfg(short, tmp_path / "run-short", max_steps=2), target=target)
+    assert 1 not in trainer.train_ids and 2 not in trainer.train_ids
+    trainer.run()
 
 
 def test_feature_cache_matches_on_the_fly(tmp_path):

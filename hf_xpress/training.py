@@ -1960,7 +1960,8 @@ class Trainer:
         if self.accel.is_main_process:
             _write_atomic(tmp / "trainer_state.json", json.dumps({"state": self.state, "history": self.history,
                                                                   "config": asdict(self.cfg),
-                                                                  "earlier_runs": self.earlier_runs}, indent=1))
+                                                                  "earlier_runs": self.earlier_runs,
+                                                                  "data": self.data_fingerprint()}, indent=1))
             _replace_folder(tmp, final)
         self.accel.wait_for_everyone()
 
@@ -1979,20 +1980,41 @@ class Trainer:
         if folder is None:
             return False
         saved = json.loads((folder / "trainer_state.json").read_text())
-        self._check_resumable(saved.get("config", {}), folder)
+        self._check_resumable(saved.get("config", {}), folder, saved.get("data"))
         self.accel.load_state(str(folder))
         self.state, self.history = saved["state"], saved["history"]
         self.earlier_runs = saved.get("earlier_runs", self.earlier_runs)
         return True
 
-    def _check_resumable(self, saved: dict, folder: Path) -> None:
+    def data_fingerprint(self) -> dict:
+        """What a resumed run must find in its data: the used sequences' count, token count and a hash of their
+        tokens, labels, offsets and prompt lengths (the split, the order and the targets all follow from them)."""
+        used = self.num_sequences
+        end = int(self.data.offsets[used])
+        digest = hashlib.sha256()
+        for array in (self.data.tokens[:end], self.data.labels[:end], self.data.offsets[: used + 1],
+                      self.data.prompt_lens[:used]):
+            digest.update(np.ascontiguousarray(array).tobytes())
+        return {"sequences": used, "tokens": end, "sha256": digest.hexdigest()}
+
+    def _check_resumable(self, saved: dict, folder: Path, data: dict | None = None) -> None:
         """Refuse to resume `folder` with settings that differ from the ones it was trained with (other than
         `RESUMABLE_CHANGES`): the checkpoint's optimizer state would silently override a new lr, and a new model
-        shape would fail deep inside the state loading."""
+        shape would fail deep inside the state loading. Nor on other data (`data`: the checkpoint's
+        `data_fingerprint`; a folder extended or relabelled in place changes the split and the order mid-run), which,
+        where recorded, is checked instead of the data folder's path."""
+        if data is not None and data != self.data_fingerprint():
+            raise ValueError(
+                f"{folder} was trained on other data than {self.cfg.data} now holds (then {data['sequences']} sequences "
+                f"of {data['tokens']} tokens, now {self.num_sequences} of {int(self.data.offsets[self.num_sequences])}, "
+                "or the same sizes with other contents): resume with the data it was trained on, or start a new run "
+                "in another --out (--init-drafter continues from a saved drafter's weights)."
+            )
         defaults = asdict(TrainConfig())
         now = asdict(self.cfg)
+        resumable = self.RESUMABLE_CHANGES | ({"data"} if data is not None else set())
         changed = [f"{k}: {saved.get(k, defaults[k])!r} -> {now[k]!r}" for k in now
-                   if k not in self.RESUMABLE_CHANGES and saved.get(k, defaults[k]) != now[k]]
+                   if k not in resumable and saved.get(k, defaults[k]) != now[k]]
         if changed:
             raise ValueError(
                 f"{folder} was trained with other settings ({'; '.join(changed)}). Resume with the run's own settings, "

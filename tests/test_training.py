@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -513,10 +514,25 @@ def test_resume_refuses_other_settings_but_may_run_longer(tmp_path):
     T.Trainer(_cfg(data, out, stop_after_steps=3), target=target).run()
     with pytest.raises(ValueError, match=r"trained with other settings \(layers: 1 -> 2; lr: 0.003 -> 0.01\)"):
         T.Trainer(_cfg(data, out, lr=1e-2, layers=2), target=target).run()
-    longer = T.Trainer(_cfg(data, out, max_steps=8, eval_every=4), target=target)  # where and how long: allowed
+    moved = tmp_path / "moved" / "data"  # the same data elsewhere (or the same folder spelled otherwise): allowed
+    shutil.copytree(data, moved)
+    labels = np.load(data / "labels.npy")
+    labels[100] = (labels[100] + 1) % V  # one label changed in place: other data, refused (it was resumed)
+    np.save(data / "labels.npy", labels)
+    with pytest.raises(ValueError, match="trained on other data than .* now holds"):
+        T.Trainer(_cfg(data, out), target=target).run()
+    longer = T.Trainer(_cfg(moved, out, max_steps=8, eval_every=4), target=target)  # where and how long: allowed
     longer.run()
     assert longer.state["step"] == 8
     assert longer.state["device"] == f"{torch.get_num_threads()} CPU thread" + "s" * (torch.get_num_threads() != 1)
+
+
+def test_the_data_command_keeps_only_sequences_with_a_response_after_truncation():
+    """`--max-len` truncates after the length check: a prompt of 11 tokens cut to 8 left no response (and crashed
+    training); responses are now counted after the cut."""
+    assert T._fits(list(range(30)), prompt_len=11, max_len=8, max_prompt=100) is None
+    assert T._fits(list(range(30)), prompt_len=11, max_len=19, max_prompt=100) == list(range(19))
+    assert T._fits(list(range(30)), prompt_len=23, max_len=100, max_prompt=100) is None  # 7 response tokens
 
 
 def test_trainer_refuses_a_dataset_too_small_to_split(tmp_path):

@@ -30,19 +30,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one sub-command. Bad input (our `ValueError`s and `ConversionError`s, a missing file) is reported as one
+def report_bad_input(command: str, run) -> int:
+    """`run()`'s exit status; bad input (our `ValueError`s and `ConversionError`s, a missing file) is reported as one
     line naming the problem, exit status 2; `HF_XPRESS_TRACEBACK=1` shows the traceback instead."""
     from .conversion import ConversionError
 
-    args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        return int(run() or 0)
     except (ConversionError, ValueError, FileNotFoundError, argparse.ArgumentTypeError) as err:
         if os.environ.get("HF_XPRESS_TRACEBACK"):
             raise
-        print(f"hf-xpress {args.command}: error: {err}", file=sys.stderr)
+        print(f"{command}: error: {err}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one sub-command (see `report_bad_input` for how errors are reported)."""
+    args = build_parser().parse_args(argv)
+    return report_bad_input(f"hf-xpress {args.command}", lambda: args.func(args))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
@@ -95,6 +96,11 @@ DFLASH_SCALINGS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "fina
 
 class ConversionError(ValueError):
     """A checkpoint that cannot be converted exactly; the message says why and what to do."""
+
+
+# What reading a field or tensor of the wrong type or rank raises (a list where a dict belongs, a 1-D weight, a
+# rank of 0, a transformers config class refusing a value): `load_checkpoint` reports these as a malformed checkpoint.
+MALFORMED = (TypeError, AttributeError, IndexError, KeyError, ZeroDivisionError, StrictDataclassError)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -885,6 +891,22 @@ def load_checkpoint(
     is the drafter it belongs to (e.g. a local copy of `z-lab/Qwen3-8B-DFlash-b16`). `refiner` attaches an official
     refiner `.pt` to the drafter read from `source`.
     """
+    args = dict(refiner=refiner, base=base, target=target, dtype=dtype, jacobi_passes=jacobi_passes,
+                use_cotrained_drafter=use_cotrained_drafter, strict=strict)
+    try:
+        return _load_checkpoint(source, **args)
+    except (*MALFORMED, ValueError) as err:  # a field or tensor of another type or rank than its format's
+        numeric = type(err) is ValueError and str(err).startswith(("invalid literal for", "could not convert"))
+        if isinstance(err, ValueError) and not numeric:  # ours, which name the problem already
+            raise
+        raise ConversionError(
+            f"{source}: a config field or tensor does not have the form its format needs ({type(err).__name__}: "
+            f"{err}); the checkpoint is malformed."
+        ) from err
+
+
+def _load_checkpoint(source, *, refiner, base, target, dtype, jacobi_passes, use_cotrained_drafter,
+                     strict) -> XPressDrafterModel:
     fmt = detect_format(source)
     if fmt == "refiner_pt":
         if refiner is not None:

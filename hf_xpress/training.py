@@ -2070,7 +2070,7 @@ class Trainer:
                 stop = self.stop_requested or out_of_time or (cfg.stop_after_steps is not None and step >= cfg.stop_after_steps)
                 if stop or step % cfg.save_every == 0 or step == cfg.max_steps:
                     self.save_checkpoint()
-                if stop:
+                if stop and step < cfg.max_steps:  # (a stop at the last step finishes the run below)
                     print(f"[train] stopped at step {step} (checkpoint saved; run again to resume)", flush=True)
                     return self.state
             self.save_drafter(self.out / "final")
@@ -2679,7 +2679,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] not in ("data", "train", "tau", "ship"):
         argv = ["train", *argv]
     args = parser.parse_args(argv)
-    return int(args.func(args) or 0)
+    from .cli import report_bad_input
+
+    return report_bad_input(f"hf_xpress.training {args.command}", lambda: args.func(args))
 
 
 if __name__ == "__main__":

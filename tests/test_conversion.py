@@ -720,6 +720,19 @@ def test_cli_refuses_a_target_the_checkpoint_was_not_trained_for_and_a_file_as_o
     assert (tmp_path / "a-file").read_text() == "x"
 
 
+def test_a_hand_edited_zlab_config_is_a_malformed_checkpoint_not_a_crash(tmp_path, capsys):
+    """Fields of another type (a list where an object belongs, text where a number does) raised AttributeError /
+    TypeError / int() errors from inside the converter, as tracebacks from the command line."""
+    from hf_xpress.cli import main
+
+    for name, overrides in (("list", dict(dflash_config=[1, 2])), ("text", dict(hidden_size="abc"))):
+        folder = write_zlab(tmp_path / name, **overrides)
+        with pytest.raises(cv.ConversionError, match="does not have the form its format needs .*the checkpoint is malformed"):
+            cv.load_checkpoint(folder)
+        assert main(["convert", str(folder), str(tmp_path / f"out-{name}")]) == 2
+        assert "Traceback" not in capsys.readouterr().err
+
+
 # ---- corrupt and foreign checkpoints -------------------------------------------------------------------------------
 
 

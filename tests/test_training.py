@@ -676,9 +676,18 @@ def test_settings_that_cannot_train_and_data_for_another_target_are_refused(tmp_
     offsets = np.load(short / "offsets.npy")
     prompt_lens[[1, 2]] = offsets[[2, 3]] - offsets[[1, 2]]  # two sequences that are all prompt
     np.save(short / "prompt_lens.npy", prompt_lens)
-    trainer = T.Trainer(_cfg(short, tmp_path / "run-short", max_steps=2), target=target)
+    trainer = T.Trainer(_cfg(short, tmp_path / "run-short", max_steps=2, stop_after_steps=2), target=target)
     assert 1 not in trainer.train_ids and 2 not in trainer.train_ids
-    trainer.run()
+    trainer.run()  # a stop requested at the last step finishes the run: the final drafter is written
+    assert (tmp_path / "run-short" / "final" / "config.json").exists()
+
+
+def test_the_module_entry_point_reports_bad_input_in_one_line(tmp_path, capsys):
+    """`python -m hf_xpress.training` (what `accelerate launch -m` runs) reports bad input like `hf-xpress train`."""
+    assert T.main(["train", "--data", str(tmp_path / "no-data"), "--out", str(tmp_path / "run"),
+                   "--target", str(tmp_path / "no-target")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hf_xpress.training train: error: ") and "Traceback" not in err
 
 
 def test_feature_cache_matches_on_the_fly(tmp_path):

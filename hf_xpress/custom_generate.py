@@ -19,6 +19,8 @@ own assisted decoding with `XPressCandidateGenerator`, installed for this one ca
 
 from __future__ import annotations
 
+import copy
+import os
 import types
 
 from transformers import StoppingCriteriaList
@@ -42,6 +44,10 @@ def _load_drafter(source: str, target) -> XPressDrafterModel:
 def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_passes=None, tree_width=None,
              tree_budget=None, lookup_branch=False, **kwargs):
     """`model.generate(*args, **kwargs)` with xPress drafting (see the module docstring)."""
+    if isinstance(assistant_model, (str, os.PathLike)):
+        raise ValueError("assistant_model= takes a loaded drafter; pass a folder or Hub id as xpress_drafter= instead.")
+    if assistant_model is None and xpress_drafter is not None and not isinstance(xpress_drafter, (str, os.PathLike)):
+        assistant_model = xpress_drafter  # already loaded
     if assistant_model is not None:
         drafter = assistant_model
     else:
@@ -50,7 +56,11 @@ def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_pas
             raise ValueError("This custom_generate folder names no drafter: pass assistant_model= or xpress_drafter=.")
         drafter = _load_drafter(source, model)
     if not is_xpress_drafter(drafter):
-        raise ValueError(f"assistant_model must be an xPress drafter, got model_type {drafter.config.model_type!r}.")
+        kind = getattr(getattr(drafter, "config", None), "model_type", type(drafter).__name__)
+        raise ValueError(f"assistant_model must be an xPress drafter, got {kind!r}.")
+    for name, value in (("tree_width", tree_width), ("tree_budget", tree_budget)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{name} must be an integer, got {value!r}.")
     for key in ("custom_generate", "trust_remote_code"):
         kwargs.pop(key, None)
     if tree_budget is not None and tree_width is None:
@@ -64,9 +74,14 @@ def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_pas
         # tree_decoding takes them (its streamer argument; stop strings as a stopping criterion).
         if kwargs.get("streamer") is not None:
             kwargs["tree_streamer"] = kwargs.pop("streamer")
-        if kwargs.get("stop_strings"):
-            stop = stop_string_criteria(kwargs.get("tokenizer"), kwargs.pop("stop_strings"))
+        config = kwargs.get("generation_config") or model.generation_config
+        stop_strings = kwargs.pop("stop_strings", None) or getattr(config, "stop_strings", None)
+        if stop_strings:  # given to generate, or set in a generation config
+            stop = stop_string_criteria(kwargs.get("tokenizer"), stop_strings)
             kwargs["stopping_criteria"] = StoppingCriteriaList([*(kwargs.get("stopping_criteria") or []), stop])
+            if getattr(config, "stop_strings", None):  # generate would build one too, and has no tokenizer here
+                kwargs["generation_config"] = copy.deepcopy(config)
+                kwargs["generation_config"].stop_strings = None
         kwargs.pop("tokenizer", None)
         return type(model).generate(model, *args, custom_generate=tree_decoding, drafter=drafter,
                                     tree_width=int(tree_width), tree_budget=tree_budget, lookup_branch=lookup_branch,

@@ -17,6 +17,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
+import torch
 from transformers.utils import logging
 
 from .configuration_xpress import XPressDrafterConfig
@@ -137,7 +138,34 @@ first tokens, each continued on its own branch.
 """
 
 
-PUBLISHED_PATTERNS = ["*.safetensors", "model.safetensors.index.json", "custom_generate/*"]
+# What a re-push replaces (fnmatch, as huggingface_hub matches them: "*" also crosses "/", so the weight patterns
+# name the top-level files only, never a user's sub-folder of other weights).
+PUBLISHED_PATTERNS = ["model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json",
+                      "custom_generate/*"]
+
+
+def _check_repo_id(repo_id: str) -> None:
+    """Raise a `ValueError` if `repo_id` is not a Hub repo id (`user/name`)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        if "/" not in repo_id:
+            raise HFValidationError("it has no user or organisation part")
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise ValueError(f"{repo_id!r} is not a Hub repo id (user/name): {err}") from None
+
+
+def _check_publishable(drafter) -> None:
+    """Raise a `ValueError` if `drafter`'s weights are not the ones its config describes (a config edited after the
+    model was built): the published folder would not load."""
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in type(drafter)(drafter.config).state_dict().items()}
+    actual = {k: tuple(v.shape) for k, v in drafter.state_dict().items()}
+    if expected != actual:
+        differ = sorted(k for k in expected.keys() | actual.keys() if expected.get(k) != actual.get(k))
+        raise ValueError(f"The drafter's weights do not match its config (edited after the model was built?): "
+                         f"{differ[:6]}{'...' if len(differ) > 6 else ''}. Its published folder would not load.")
 
 
 def _is_repo_id(name: str) -> bool:
@@ -210,24 +238,30 @@ def publish(
     """
     destination = str(folder_or_repo_id)
     push = _is_repo_id(destination) if push is None else push
+    if repo_id is not None:
+        _check_repo_id(repo_id)
+    _check_publishable(drafter)
     if push:
-        repo_id = repo_id or destination
+        _check_repo_id(destination)
         with tempfile.TemporaryDirectory(prefix="hf-xpress-publish-") as tmp:
             publish(
-                drafter, tmp, target=target, repo_id=repo_id, training=training, results=results,
+                drafter, tmp, target=target, repo_id=repo_id or destination, training=training, results=results,
                 limitations=limitations, license=license, name=name, custom_generate=custom_generate, push=False,
             )
             from huggingface_hub import HfApi
 
             api = HfApi(token=token)
-            api.create_repo(repo_id, private=private, exist_ok=True)
+            api.create_repo(destination, private=private, exist_ok=True)
             # what publish writes replaces its earlier upload: stale weight shards or recipe files of a previous
             # push go; anything else a user added to the repository stays
-            info = api.upload_folder(repo_id=repo_id, folder_path=tmp, commit_message=commit_message,
+            info = api.upload_folder(repo_id=destination, folder_path=tmp, commit_message=commit_message,
                                      delete_patterns=PUBLISHED_PATTERNS)
-        return str(getattr(info, "commit_url", None) or f"https://huggingface.co/{repo_id}")
+        return str(getattr(info, "commit_url", None) or f"https://huggingface.co/{destination}")
 
-    folder = Path(destination)
+    folder = Path(destination).expanduser()
+    if folder.is_dir() and any(folder.iterdir()):
+        raise ValueError(f"{folder} exists and is not empty: publish writes exactly what is uploaded, into a new or "
+                         "empty folder (files already there would be mixed in).")
     folder.mkdir(parents=True, exist_ok=True)
     card_repo_id = repo_id or folder.name
     drafter.save_pretrained(folder)
@@ -263,6 +297,11 @@ def _run_push(args) -> int:
 
     drafter = load_checkpoint(args.source, refiner=args.refiner, base=args.base, target=args.target_config)
     results = json.loads(Path(args.results).read_text()) if args.results else None
+    if results is not None and not (isinstance(results, dict) and all(
+            isinstance(row, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in row.values())
+            for row in results.values())):
+        raise ValueError(f"--results {args.results}: expected a JSON object of {{set: {{method: tau}}}} numbers, as "
+                         "the model card's table reads them.")
     training = args.training
     if training and Path(training).is_file():
         training = Path(training).read_text()

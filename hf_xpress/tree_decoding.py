@@ -219,6 +219,9 @@ def tree_decoding(
         raise ValueError("tree_decoding needs drafter=<an xPress drafter>, e.g. generate(ids, custom_generate="
                          "hf_xpress.tree_decoding, drafter=drafter); got "
                          f"{'nothing' if drafter is None else type(drafter).__name__}.")
+    for name, value in (("tree_width", tree_width), ("tree_budget", tree_budget)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{name} must be an integer, got {value!r}.")
     if int(tree_width) < 1:
         raise ValueError(f"tree_width must be at least 1, got {tree_width}.")
     if tree_budget is not None and int(tree_budget) < 1:

@@ -118,7 +118,7 @@ def test_published_folder_holds_weights_config_remote_code_card_and_custom_gener
     generate_py = (folder / "custom_generate" / "generate.py").read_text()
     assert f"DRAFTER = {REPO_ID!r}" in generate_py
     imports = [line for line in generate_py.splitlines() if line.startswith(("import ", "from "))]
-    allowed = ("__future__", "types", "dataclasses", "torch", "transformers", "")  # "" = `from .modeling_xpress`
+    allowed = {*sys.stdlib_module_names, "torch", "transformers", ""}  # "" = `from .modeling_xpress`; no other package
     assert all(line.split()[1].split(".")[0] in allowed for line in imports), imports
 
 
@@ -254,7 +254,8 @@ def test_push_to_hub_uploads_exactly_the_published_folder(published, monkeypatch
     assert calls["delete_patterns"] == hub.PUBLISHED_PATTERNS
     for stale in ("model-00001-of-00002.safetensors", "model.safetensors.index.json", "custom_generate/old.py"):
         assert any(fnmatch.fnmatch(stale, pattern) for pattern in calls["delete_patterns"]), stale
-    for kept in ("README.md", "eval_results.json", "config.json"):
+    for kept in ("README.md", "eval_results.json", "config.json", "vllm/model.safetensors",
+                 "checkpoints/step-1000/model.safetensors"):  # a user's sub-folders of weights stay
         assert not any(fnmatch.fnmatch(kept, pattern) for pattern in calls["delete_patterns"]), kept
     local = published["folder"]
     expected = {str(p.relative_to(local)): p.read_bytes() for p in local.rglob("*") if p.is_file()}
@@ -265,6 +266,10 @@ def test_push_to_hub_uploads_exactly_the_published_folder(published, monkeypatch
     assert hub._is_repo_id(REPO_ID) and not hub._is_repo_id(str(local)) and not hub._is_repo_id("./a/b")
     monkeypatch.chdir(local.parent)  # a new folder inside an existing one is a folder, never an upload
     assert not hub._is_repo_id(f"{local.name}/new-drafter") and hub._is_repo_id("someone/new-drafter")
+    calls.clear()  # --repo-id names the repository in the card and the recipe; the upload goes to the destination
+    hub.publish(published["drafter"], "someone/destination", repo_id="someone/card-name", target="t", push=True)
+    assert calls["create"][0] == calls["repo_id"] == "someone/destination"
+    assert 'custom_generate="someone/card-name"' in calls["files"]["README.md"].decode()
     calls.clear()
     where = hub.publish(published["drafter"], f"{local.name}/new-drafter", target="tiny/Qwen3-tiny")
     assert calls == {} and (local / "new-drafter" / "config.json").exists() and Path(where) == Path(local.name) / "new-drafter"
@@ -358,6 +363,22 @@ def test_custom_generate_tree_path_passes_on_the_streamer_and_stop_strings(publi
                           tokenizer=tokenizer, do_sample=False)
     assert out[0, ids.shape[1]:].tolist() == plain[: first + 1]
     assert streamer.puts[0] == PROMPTS[0] and sum(streamer.puts[1:], []) == plain[: first + 1] and streamer.ended
+    # stop strings set in a generation config (generate, with no tokenizer here, failed on them), and a loaded
+    # drafter given as xpress_drafter=
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(stop_strings=[stop], max_new_tokens=12, do_sample=False)
+    out = target.generate(ids, custom_generate=str(published["folder"]), trust_remote_code=True, tree_width=2,
+                          xpress_drafter=drafter, generation_config=config, tokenizer=tokenizer)
+    assert out[0, ids.shape[1]:].tolist() == plain[: first + 1] and config.stop_strings == [stop]
+    for kwargs, error in ((dict(tree_width=2.7), "tree_width must be an integer, got 2.7"),
+                          (dict(tree_width=2, tree_budget="4"), "tree_budget must be an integer, got '4'")):
+        with pytest.raises(ValueError, match=error):
+            target.generate(ids, custom_generate=str(published["folder"]), trust_remote_code=True, max_new_tokens=4,
+                            assistant_model=drafter, **kwargs)
+    with pytest.raises(ValueError, match="assistant_model= takes a loaded drafter; pass a folder or Hub id as xpress"):
+        target.generate(ids, custom_generate=str(published["folder"]), trust_remote_code=True, max_new_tokens=4,
+                        assistant_model=str(published["folder"]))
 
 
 def test_custom_generate_chain_path_checks_a_users_stopping_criteria_on_every_draft(published):
@@ -388,6 +409,15 @@ def test_custom_generate_chain_path_checks_a_users_stopping_criteria_on_every_dr
     assert rounds >= 3 and len(seen) > 2 * rounds and len(set(seen)) > rounds, (len(seen), rounds)
 
 
+def test_a_drafter_whose_config_was_edited_after_it_was_built_is_not_published(published, tmp_path):
+    """Its folder would not load (weights of other shapes than the config says)."""
+    drafter = make_drafter(published["target"])
+    drafter.config.refiner_rank = 4
+    with pytest.raises(ValueError, match="weights do not match its config .*would not load"):
+        hub.publish(drafter, tmp_path / "out", target="t", push=False)
+    assert not (tmp_path / "out").exists()
+
+
 def test_push_command_writes_a_local_folder_with_the_training_text(published, tmp_path, capsys):
     from hf_xpress.cli import main
 
@@ -408,7 +438,19 @@ def test_push_command_writes_a_local_folder_with_the_training_text(published, tm
     assert main(["push", str(published["folder"]), str(tmp_path / "text"), "--target", "t", "--local",
                  "--training", "Two hours on a laptop."]) == 0
     assert "Two hours on a laptop." in (tmp_path / "text" / "README.md").read_text()
-    for short in ("N/A", "v1.0"):  # one-word descriptions are text, not missing files
-        assert main(["push", str(published["folder"]), str(tmp_path / "short"), "--target", "t", "--local",
+    for i, short in enumerate(("N/A", "v1.0")):  # one-word descriptions are text, not missing files
+        assert main(["push", str(published["folder"]), str(tmp_path / f"short{i}"), "--target", "t", "--local",
                      "--training", short]) == 0
-        assert short in (tmp_path / "short" / "README.md").read_text()
+        assert short in (tmp_path / f"short{i}" / "README.md").read_text()
+    # bad input, refused before anything is written
+    bad_results = tmp_path / "results.json"
+    bad_results.write_text(json.dumps({"xpress": 2.1}))  # a flat table, not {set: {method: tau}}
+    assert main(["push", str(published["folder"]), str(tmp_path / "r"), "--target", "t", "--local",
+                 "--results", str(bad_results)]) == 2
+    assert "expected a JSON object of {set: {method: tau}} numbers" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+    assert main(["push", str(published["folder"]), str(tmp_path / "short0"), "--target", "t", "--local"]) == 2
+    assert "short0 exists and is not empty" in capsys.readouterr().err  # an earlier publish is never mixed into
+    assert main(["push", str(published["folder"]), str(tmp_path / "bad-id"), "--target", "t", "--local",
+                 "--repo-id", "org/team/name"]) == 2
+    assert "'org/team/name' is not a Hub repo id" in capsys.readouterr().err

@@ -709,6 +709,9 @@ def regenerate(
 
 def write_sequences(out: Path, sequences: list[tuple[str, list[int], int]], vocab_size: int, manifest: dict) -> None:
     """Write `tokens/offsets/prompt_lens/labels(zeros)/manifest` for `sequences` (already shuffled)."""
+    if not sequences:
+        raise ValueError(f"{out}: no sequence to write (every one was filtered out: prompts over the length limit or "
+                         "responses under 8 tokens after truncation); raise --max-len or choose other sources.")
     out.mkdir(parents=True, exist_ok=True)
     dtype = _id_dtype(vocab_size)
     lengths = np.array([len(ids) for _, ids, _ in sequences], dtype=np.int64)
@@ -838,6 +841,10 @@ def label_dataset(target: Any, folder: Path, *, layer_ids: list[int] | None, cac
     first `num_labelled` sequences) are kept: on a new machine only the local feature cache is rebuilt, whatever
     the dtype of this run's forward."""
     ds = Dataset.load(folder)
+    depth = target.config.get_text_config().num_hidden_layers
+    beyond = [i for i in layer_ids or [] if not 0 <= i < depth]
+    if beyond:
+        raise ValueError(f"layer ids {beyond} are outside the target's {depth} layers (ids are 0-based).")
     labels = np.load(folder / "labels.npy", mmap_mode="r+")
     cache = None
     if cache_dir is not None:

@@ -527,6 +527,17 @@ def test_resume_refuses_other_settings_but_may_run_longer(tmp_path):
     assert longer.state["device"] == f"{torch.get_num_threads()} CPU thread" + "s" * (torch.get_num_threads() != 1)
 
 
+def test_the_data_command_names_an_empty_result_and_layer_ids_past_the_target(tmp_path):
+    """Both failed far from the cause (numpy's "need at least one array to concatenate", an IndexError)."""
+    target = tiny_llama()
+    with pytest.raises(ValueError, match="no sequence to write .*filtered out"):
+        T.write_sequences(tmp_path / "empty", [], V, {"sources": "test"})
+    data = tmp_path / "data"
+    T.write_sequences(data, [(f"s{i}", [5, 6, 7] * 8, 2) for i in range(4)], V, {"sources": "test"})
+    with pytest.raises(ValueError, match=r"layer ids \[99\] are outside the target's 6 layers"):
+        T.label_dataset(target, data, layer_ids=[1, 99], cache_dir=str(tmp_path / "cache"), chunk=8)
+
+
 def test_the_data_command_keeps_only_sequences_with_a_response_after_truncation():
     """`--max-len` truncates after the length check: a prompt of 11 tokens cut to 8 left no response (and crashed
     training); responses are now counted after the cut."""

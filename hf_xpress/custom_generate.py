@@ -58,9 +58,6 @@ def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_pas
     if not is_xpress_drafter(drafter):
         kind = getattr(getattr(drafter, "config", None), "model_type", type(drafter).__name__)
         raise ValueError(f"assistant_model must be an xPress drafter, got {kind!r}.")
-    for name, value in (("tree_width", tree_width), ("tree_budget", tree_budget)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ValueError(f"{name} must be an integer, got {value!r}.")
     for key in ("custom_generate", "trust_remote_code"):
         kwargs.pop(key, None)
     if tree_budget is not None and tree_width is None:
@@ -84,7 +81,7 @@ def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_pas
                 kwargs["generation_config"].stop_strings = None
         kwargs.pop("tokenizer", None)
         return type(model).generate(model, *args, custom_generate=tree_decoding, drafter=drafter,
-                                    tree_width=int(tree_width), tree_budget=tree_budget, lookup_branch=lookup_branch,
+                                    tree_width=tree_width, tree_budget=tree_budget, lookup_branch=lookup_branch,
                                     **kwargs)
     original_get = type(model)._get_candidate_generator
     stopping_criteria = kwargs.get("stopping_criteria")  # the user's; the generator adds stop strings itself

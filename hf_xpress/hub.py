@@ -238,12 +238,9 @@ def publish(
     """
     destination = str(folder_or_repo_id)
     push = _is_repo_id(destination) if push is None else push
-    if repo_id is not None:
-        _check_repo_id(repo_id)
-    _check_publishable(drafter)
     if push:
         _check_repo_id(destination)
-        with tempfile.TemporaryDirectory(prefix="hf-xpress-publish-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="hf-xpress-publish-") as tmp:  # checks the rest, writes, then uploads
             publish(
                 drafter, tmp, target=target, repo_id=repo_id or destination, training=training, results=results,
                 limitations=limitations, license=license, name=name, custom_generate=custom_generate, push=False,
@@ -258,6 +255,9 @@ def publish(
                                      delete_patterns=PUBLISHED_PATTERNS)
         return str(getattr(info, "commit_url", None) or f"https://huggingface.co/{destination}")
 
+    if repo_id is not None:
+        _check_repo_id(repo_id)
+    _check_publishable(drafter)
     folder = Path(destination).expanduser()
     if folder.is_dir() and any(folder.iterdir()):
         raise ValueError(f"{folder} exists and is not empty: publish writes exactly what is uploaded, into a new or "

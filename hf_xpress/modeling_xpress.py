@@ -733,8 +733,8 @@ class XPressDrafterModel(XPressPreTrainedModel):
             }
             try:
                 raw, _ = XPressDrafterConfig.get_config_dict(pretrained_model_name_or_path, **config_kwargs)
-            except (TypeError, AttributeError) as err:  # JSON that is not an object (null, a list, ...)
-                raw = err
+            except (TypeError, AttributeError):  # JSON that is not an object (null, a list, ...)
+                raw = None
             if not isinstance(raw, dict):
                 raise ValueError(f"The config.json of {pretrained_model_name_or_path} does not hold a JSON object.")
             model_type = raw.get("model_type")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import ast
 import glob
+import functools
 import hashlib
 import json
 import math
@@ -1277,14 +1278,14 @@ def calibration_estimate(base: torch.Tensor, scores: torch.Tensor, labels: torch
 # ====================================================================================================================
 
 
-def _has_anchor(tokens, labels, prompt_len: int) -> bool:
-    """Whether a sequence has a position `choose_anchors` can draw (one response token to draft, at least)."""
-    return len(tokens) - 2 >= max(prompt_len - 1, 1)
+def anchor_range(length: int, prompt_len: int) -> tuple[int, int]:
+    """The first and last position an anchor may take, `[max(prompt_len - 1, 1), length - 2]` (none if last < first)."""
+    return max(prompt_len - 1, 1), length - 2
 
 
 def choose_anchors(length: int, prompt_len: int, count: int, generator: torch.Generator) -> list[int]:
-    """Up to `count` distinct anchor positions in `[max(prompt_len - 1, 1), length - 2]`, sorted."""
-    lo, hi = max(prompt_len - 1, 1), length - 2
+    """Up to `count` distinct anchor positions in `anchor_range`, sorted."""
+    lo, hi = anchor_range(length, prompt_len)
     if hi < lo:
         return []
     span = hi - lo + 1
@@ -1669,12 +1670,16 @@ class Trainer:
         # A prefix of the labelled set: a data-volume ablation, or what a partly rebuilt feature cache covers.
         self.num_sequences, self.train_ids, heldout = training_split(self.data.num_labelled, cfg.max_sequences,
                                                                      cfg.heldout_every)
-        anchorless = [i for i in self.train_ids + heldout if not _has_anchor(*self.data.sequence(i))]
-        if anchorless:  # no response position to anchor a block at: nothing to train or evaluate on
-            print(f"[train] skipping {len(anchorless)} sequences too short to hold a block after their prompt "
-                  f"(e.g. sequence {anchorless[0]})", flush=True)
-            self.train_ids = [i for i in self.train_ids if i not in set(anchorless)]
-            heldout = [i for i in heldout if i not in set(anchorless)]
+        def anchorless(i: int) -> bool:  # no response position to anchor a block at: nothing to train or evaluate on
+            first, last = anchor_range(int(self.data.offsets[i + 1] - self.data.offsets[i]), int(self.data.prompt_lens[i]))
+            return last < first
+
+        skipped = {i for i in self.train_ids + heldout if anchorless(i)}
+        if skipped:
+            print(f"[train] skipping {len(skipped)} sequences too short to hold a block after their prompt "
+                  f"(e.g. sequence {min(skipped)})", flush=True)
+            self.train_ids = [i for i in self.train_ids if i not in skipped]
+            heldout = [i for i in heldout if i not in skipped]
         if not self.train_ids or not heldout:
             raise ValueError(
                 f"{cfg.data}: {self.data.num_labelled} of {self.data.num_sequences} sequences are labelled, "
@@ -1968,7 +1973,7 @@ class Trainer:
             _write_atomic(tmp / "trainer_state.json", json.dumps({"state": self.state, "history": self.history,
                                                                   "config": asdict(self.cfg),
                                                                   "earlier_runs": self.earlier_runs,
-                                                                  "data": self.data_fingerprint()}, indent=1))
+                                                                  "data": self.data_fingerprint}, indent=1))
             _replace_folder(tmp, final)
         self.accel.wait_for_everyone()
 
@@ -1993,9 +1998,11 @@ class Trainer:
         self.earlier_runs = saved.get("earlier_runs", self.earlier_runs)
         return True
 
+    @functools.cached_property
     def data_fingerprint(self) -> dict:
         """What a resumed run must find in its data: the used sequences' count, token count and a hash of their
-        tokens, labels, offsets and prompt lengths (the split, the order and the targets all follow from them)."""
+        tokens, labels, offsets and prompt lengths (the split, the order and the targets all follow from them).
+        Computed once: a run's data does not change while it runs."""
         used = self.num_sequences
         end = int(self.data.offsets[used])
         digest = hashlib.sha256()
@@ -2010,10 +2017,11 @@ class Trainer:
         shape would fail deep inside the state loading. Nor on other data (`data`: the checkpoint's
         `data_fingerprint`; a folder extended or relabelled in place changes the split and the order mid-run), which,
         where recorded, is checked instead of the data folder's path."""
-        if data is not None and data != self.data_fingerprint():
+        current = self.data_fingerprint if data is not None else None
+        if data is not None and data != current:
             raise ValueError(
                 f"{folder} was trained on other data than {self.cfg.data} now holds (then {data['sequences']} sequences "
-                f"of {data['tokens']} tokens, now {self.num_sequences} of {int(self.data.offsets[self.num_sequences])}, "
+                f"of {data['tokens']} tokens, now {current['sequences']} of {current['tokens']}, "
                 "or the same sizes with other contents): resume with the data it was trained on, or start a new run "
                 "in another --out (--init-drafter continues from a saved drafter's weights)."
             )

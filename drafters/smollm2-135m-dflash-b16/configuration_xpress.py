@@ -157,11 +157,12 @@ class XPressDrafterConfig(PreTrainedConfig):
             self.layer_types = ["full_attention"] * self.num_hidden_layers
         self.causal_layers = sorted(int(i) for i in self.causal_layers or [])
         super().__post_init__(**kwargs)
-        self.validate_xpress()
+        self._check_values()  # the types were checked first, above
 
     def _check_types(self) -> None:
-        """Raise a `ValueError` naming the first size or id field that is not an integer (or a list of them), as in a
-        config.json edited by hand: computing with it would fail far from the cause, or silently round."""
+        """Raise a `ValueError` naming the first field of the wrong type (a size or id that is not an integer, a list
+        of ids that is not integers, a setting of another type), as in a config.json edited by hand or a `--set`:
+        computing with it would fail far from the cause, or silently round."""
         def is_int(value) -> bool:
             return isinstance(value, int) and not isinstance(value, bool)
 
@@ -177,10 +178,22 @@ class XPressDrafterConfig(PreTrainedConfig):
             self.rms_norm_eps > 0
         ):
             raise ValueError(f"XPressDrafterConfig: rms_norm_eps must be a positive number, got {self.rms_norm_eps!r}.")
+        for name, kinds in (("jacobi_passes", (int,)), ("jacobi_early_stop", (bool,)), ("refiner_shortlist", (int, None)),
+                            ("num_assistant_tokens", (int, None)), ("assistant_confidence_threshold", (int, float)),
+                            ("draft_vocab_size", (int, None)), ("tree_temperature", (int, float))):
+            value = getattr(self, name)
+            if not any(value is None if k is None else isinstance(value, k) and (k is bool) == isinstance(value, bool)
+                       for k in kinds):
+                expected = " or ".join("None" if k is None else k.__name__ for k in kinds)
+                raise ValueError(f"XPressDrafterConfig: {name} must be {expected}, got {value!r}.")
 
     def validate_xpress(self) -> None:
-        """Raise a `ValueError` naming the first inconsistent field."""
+        """Raise a `ValueError` naming the first inconsistent field: its type (`_check_types`), then its value."""
         self._check_types()
+        self._check_values()
+
+    def _check_values(self) -> None:
+        """`validate_xpress` once the types are known to be right: the range checks would otherwise fail in Python."""
         small = [name for name in SIZE_FIELDS[:8] if getattr(self, name) < 1]  # the model's sizes (more below)
         if small:
             raise ValueError(f"XPressDrafterConfig: {small[0]} must be at least 1, got {getattr(self, small[0])}.")
@@ -191,15 +204,6 @@ class XPressDrafterConfig(PreTrainedConfig):
         if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
             raise ValueError(f"XPressDrafterConfig: rope_parameters' rope_type {rope_type!r} is not one of "
                              f"{['default', *ROPE_INIT_FUNCTIONS]}.")
-        # Types first (a config.json edited by hand, `--set`): the range checks below would fail inside Python.
-        for name, kinds in (("jacobi_passes", (int,)), ("jacobi_early_stop", (bool,)), ("refiner_shortlist", (int, None)),
-                            ("num_assistant_tokens", (int, None)), ("assistant_confidence_threshold", (int, float)),
-                            ("draft_vocab_size", (int, None)), ("tree_temperature", (int, float))):
-            value = getattr(self, name)
-            if not any(value is None if k is None else isinstance(value, k) and (k is bool) == isinstance(value, bool)
-                       for k in kinds):
-                expected = " or ".join("None" if k is None else k.__name__ for k in kinds)
-                raise ValueError(f"XPressDrafterConfig: {name} must be {expected}, got {value!r}.")
         if self.hidden_size != self.target_hidden_size:
             raise ValueError(
                 f"XPressDrafterConfig: hidden_size ({self.hidden_size}) must equal target_hidden_size "

@@ -349,13 +349,15 @@ def load_target(
     name_or_path: str = DEFAULT_TARGET,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    tokenizer: bool = True,
 ) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` for a target alias, local folder or Hub id; the model is in eval mode."""
+    """Load ``(model, tokenizer)`` for a target alias, local folder or Hub id; the model is in eval mode.
+    ``tokenizer=False``: the model alone, ``(model, None)`` (a folder need not hold a tokenizer then)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_target(name_or_path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path) if tokenizer else None
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     except OSError as err:  # a missing folder reads as a malformed Hub id
         raise ValueError(f"Could not load the target {name_or_path!r}: not an alias ({', '.join(GGUF_MODELS)}), a "

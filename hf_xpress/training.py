@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import glob
 import functools
 import hashlib
@@ -1319,6 +1320,7 @@ class PackedInput:
     block_index: torch.LongTensor  # [N] flat indices (r * M + i) of the real blocks
     blocks: BlockBatch
     num_tokens: int  # target tokens in the batch
+    block_size: int  # B
 
 
 def pack_blocks(
@@ -1398,12 +1400,14 @@ def pack_blocks(
         block_index=torch.tensor(flat, device=device),
         blocks=BlockBatch(torch.stack(anchor_prev).to(device), torch.stack(gold).to(device), labels_t, p_target, valid_t),
         num_tokens=sum(len(t) for t, _, _ in seqs),
+        block_size=B,
     )
 
 
 def drafter_hidden(drafter: XPressDrafterModel, packed: PackedInput) -> torch.Tensor:
-    """One drafter forward over the packed blocks -> the real blocks' hidden states `[N, B, H]`."""
-    B = drafter.config.block_size
+    """One drafter forward over the packed blocks -> the real blocks' hidden states `[N, B, H]`. `drafter` may be
+    wrapped (DistributedDataParallel, peft): it is only called."""
+    B = packed.block_size
     h = drafter(packed.noise_embeds, packed.context, attention_mask=packed.mask, position_ids=packed.position_ids).last_hidden_state
     return h.reshape(-1, B, h.shape[-1])[packed.block_index]
 
@@ -1637,14 +1641,18 @@ class Trainer:
         self.cfg = cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        # step_scheduler_with_optimizer=False: every process runs every optimizer step here (each takes its own share
+        # of the data, not a share of a fixed number of steps), so the schedule advances once per step; accelerate
+        # would otherwise advance it once per process at each step and run a multi-process schedule that many times
+        # too fast.
         self.accel = Accelerator(mixed_precision=cfg.mixed_precision if cfg.mixed_precision != "no" else "no",
-                                 cpu=not torch.cuda.is_available())
+                                 cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
         if self.accel.device.type == "cpu":
             keep_freed_memory()
         if target is None:
             from .assets import load_target
 
-            target, _ = load_target(cfg.target)
+            target, _ = load_target(cfg.target, tokenizer=False)  # training reads token ids only
         self.target = target.to(self.accel.device).eval().requires_grad_(False)
         self.embed = self.target.get_input_embeddings()
         self.lm_head = self.target.get_output_embeddings()
@@ -1676,7 +1684,7 @@ class Trainer:
 
         skipped = {i for i in self.train_ids + heldout if anchorless(i)}
         if skipped:
-            print(f"[train] skipping {len(skipped)} sequences too short to hold a block after their prompt "
+            self.accel.print(f"[train] skipping {len(skipped)} sequences too short to hold a block after their prompt "
                   f"(e.g. sequence {min(skipped)})", flush=True)
             self.train_ids = [i for i in self.train_ids if i not in skipped]
             heldout = [i for i in heldout if i not in skipped]
@@ -1697,7 +1705,7 @@ class Trainer:
                 self.cache = cache
                 self._release_target_layers()
             else:
-                print(f"[train] feature cache covers {cache.num_done} < {self.num_sequences} sequences: computing features "
+                self.accel.print(f"[train] feature cache covers {cache.num_done} < {self.num_sequences} sequences: computing features "
                       f"on the fly (--max-sequences {cache.num_done} trains on the cached ones only)")
         self.optimizer = torch.optim.AdamW(self._param_groups(), lr=cfg.lr, weight_decay=cfg.weight_decay,
                                            betas=(0.9, 0.95))
@@ -1738,7 +1746,7 @@ class Trainer:
         if isinstance(layers, torch.nn.ModuleList):
             freed = sum(p.numel() * p.element_size() for p in layers.parameters())
             decoder.layers = torch.nn.ModuleList()
-            print(f"[train] every feature is cached: released the target's decoder layers ({freed / 1e9:.2f} GB)", flush=True)
+            self.accel.print(f"[train] every feature is cached: released the target's decoder layers ({freed / 1e9:.2f} GB)", flush=True)
 
     # ---- model ----------------------------------------------------------------------------------------------------
 
@@ -1787,7 +1795,7 @@ class Trainer:
             mask = cfg.mask_token_id
             if mask is None:  # the spec: an id the target never sees in text
                 mask = unused_token_id(self.data, self.target.config.get_text_config())
-                print(f"[train] mask token id {mask}: absent from the training data (--mask-token-id chooses another)",
+                self.accel.print(f"[train] mask token id {mask}: absent from the training data (--mask-token-id chooses another)",
                       flush=True)
             overrides = dict(num_hidden_layers=cfg.layers, block_size=cfg.block_size, refiner_rank=cfg.refiner_rank,
                              mask_token_id=mask)
@@ -1819,7 +1827,7 @@ class Trainer:
         if not self.cfg.train_vocab:
             return None
         top, self.vocab_coverage = training_vocabulary(self.data, self.train_ids, self.cfg.train_vocab, V)
-        print(f"[train] training vocabulary: {len(top)} tokens covering {self.vocab_coverage:.4f} of training labels", flush=True)
+        self.accel.print(f"[train] training vocabulary: {len(top)} tokens covering {self.vocab_coverage:.4f} of training labels", flush=True)
         return torch.from_numpy(top).to(self.accel.device)
 
     def plain_drafter(self) -> XPressDrafterModel:
@@ -1884,16 +1892,26 @@ class Trainer:
         t0 = time.time()
         for micro in range(self.cfg.grad_accum):
             idx = self._next_indices()
-            loss, parts, packed = self._loss(idx, generator)
-            if not bool(torch.isfinite(loss.detach())):
-                finite = False
-                break
-            self.accel.backward(loss / self.cfg.grad_accum)
+            last = micro == self.cfg.grad_accum - 1  # DDP all-reduces the accumulated gradients once, at the last
+            with contextlib.nullcontext() if last else self.accel.no_sync(self.drafter):
+                loss, parts, packed = self._loss(idx, generator)
+                # Every process skips the step together: a backward on some processes only would wait forever in
+                # DDP's gradient all-reduce.
+                local = [1, packed.num_tokens, len(packed.block_index)] if torch.isfinite(loss.detach()) else [0, 0, 0]
+                ok, tokens, blocks = self._sum_over_processes(local)
+                if ok < self.accel.num_processes:
+                    finite = False
+                    break
+                self.accel.backward(loss / self.cfg.grad_accum)
             total += loss.item() / self.cfg.grad_accum
             for k, v in parts.items():
                 parts_sum[k] = parts_sum.get(k, 0.0) + v / self.cfg.grad_accum
-            self.state["tokens"] += packed.num_tokens * self.accel.num_processes
-            self.state["blocks"] += len(packed.block_index) * self.accel.num_processes
+            self.state["tokens"] += int(tokens)
+            self.state["blocks"] += int(blocks)
+        if finite and self.accel.num_processes > 1:  # the logged losses: the mean over processes
+            n = self.accel.num_processes
+            total, *means = (x / n for x in self._sum_over_processes([total, *parts_sum.values()]))
+            parts_sum = dict(zip(parts_sum, means))
         grad_norm = float("nan")
         if finite:
             grad_norm = float(self.accel.clip_grad_norm_(self.drafter.parameters(), self.cfg.clip))
@@ -1917,6 +1935,13 @@ class Trainer:
         return {"step": self.state["step"], "loss": total if finite else float("nan"), **parts_sum, "grad_norm": grad_norm,
                 "lr": self.scheduler.get_last_lr()[0], "tokens": self.state["tokens"], "skipped": self.state["skipped"]}
 
+    def _sum_over_processes(self, values: list[float]) -> list[float]:
+        """`values` summed over the training processes (one all-reduce); themselves in a single process."""
+        if self.accel.num_processes == 1:
+            return [float(v) for v in values]
+        t = torch.tensor(values, dtype=torch.float64, device=self.accel.device)
+        return self.accel.reduce(t, reduction="sum").tolist()
+
     @torch.no_grad()
     def evaluate(self) -> dict:
         """Held-out loss (training vocabulary), per-slot greedy acceptance of the inference-time drafts (over the
@@ -1926,8 +1951,14 @@ class Trainer:
         model.eval()
         generator = torch.Generator().manual_seed(12345)
         losses, correct, valid = [], [], []
-        for s in range(0, len(self.heldout), self.cfg.batch_size):
+        world, rank = self.accel.num_processes, self.accel.process_index
+        for batch, s in enumerate(range(0, len(self.heldout), self.cfg.batch_size)):
             idx = self.heldout[s : s + self.cfg.batch_size]
+            if batch % world != rank:  # another process's batch: draw its anchors, so every batch gets the same ones
+                for i in idx:  # as in one process (pack_blocks draws them thus)
+                    tokens, _, prompt_len = self.data.sequence(i)
+                    choose_anchors(len(tokens), prompt_len, self.cfg.eval_anchors, generator)
+                continue
             seqs, feats, finals = self._features(idx)
             state = generator.get_state()
             packed = pack_blocks(model, self.embed, self.lm_head, seqs, feats, finals, self.cfg.eval_anchors, generator,
@@ -1940,8 +1971,12 @@ class Trainer:
             packed = pack_blocks(model, self.embed, self.lm_head, seqs, feats, finals, self.cfg.eval_anchors, generator,
                                  with_p_target=False)
             draft_vocab = self.vocab if self.cfg.draft_vocab else None  # what the saved drafter will draft among
-            correct.append(heldout_drafts(model, self.lm_head, packed, draft_vocab, self.EVAL_DRAFT_BLOCKS))
-            valid.append(packed.blocks.valid)
+            correct.append(heldout_drafts(model, self.lm_head, packed, draft_vocab, self.EVAL_DRAFT_BLOCKS).cpu())
+            valid.append(packed.blocks.valid.cpu())
+        if world > 1:
+            from accelerate.utils import gather_object
+
+            losses, correct, valid = (gather_object(x) for x in (losses, correct, valid))
         model.train()
         est = acceptance_estimate(torch.cat(correct), torch.cat(valid))
         return {"step": self.state["step"], "tokens": self.state["tokens"], "heldout_loss": sum(losses) / max(len(losses), 1),
@@ -1969,6 +2004,7 @@ class Trainer:
                 _remove_folder(tmp)
         self.accel.wait_for_everyone()
         self.accel.save_state(str(tmp))
+        self.accel.wait_for_everyone()  # each process writes its own random state into tmp
         if self.accel.is_main_process:
             _write_atomic(tmp / "trainer_state.json", json.dumps({"state": self.state, "history": self.history,
                                                                   "config": asdict(self.cfg),
@@ -2061,8 +2097,8 @@ class Trainer:
         if self.state.get("device") not in (None, here) and not self.state["device"].endswith(here):
             here = f"{self.state['device']}, then {here}"  # resumed somewhere else
         self.state["device"] = here
-        log = open(self.out / "log.jsonl", "a")
-        print(f"[train] {'resumed at' if resumed else 'starting'} step {self.state['step']}/{cfg.max_steps}; "
+        log = open(self.out / "log.jsonl", "a") if self.accel.is_main_process else open(os.devnull, "w")
+        self.accel.print(f"[train] {'resumed at' if resumed else 'starting'} step {self.state['step']}/{cfg.max_steps}; "
               f"{len(self.train_ids)} train / {len(self.heldout)} held-out sequences; drafter "
               f"{sum(p.numel() for p in self.drafter.parameters()) / 1e6:.2f}M params "
               f"({sum(p.numel() for p in self.drafter.parameters() if p.requires_grad) / 1e6:.2f}M trainable)", flush=True)
@@ -2076,17 +2112,19 @@ class Trainer:
                 step = self.state["step"]
                 if step % 10 == 0 or step == 1:
                     row["sec_per_step"] = self.state["train_seconds"] / step
-                    print(f"[train] {json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()})}", flush=True)
+                    self.accel.print(f"[train] {json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in row.items()})}", flush=True)
                     log.write(json.dumps(row) + "\n")
                     log.flush()
                 if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.max_steps):
                     self._log_eval(log)
                 out_of_time = cfg.max_seconds is not None and time.time() - start > cfg.max_seconds
                 stop = self.stop_requested or out_of_time or (cfg.stop_after_steps is not None and step >= cfg.stop_after_steps)
+                if self.accel.num_processes > 1:  # a stop on one process (its SIGTERM or clock) stops them all
+                    stop = self._sum_over_processes([float(stop)])[0] > 0
                 if stop or step % cfg.save_every == 0 or step == cfg.max_steps:
                     self.save_checkpoint()
                 if stop and step < cfg.max_steps:  # (a stop at the last step finishes the run below)
-                    print(f"[train] stopped at step {step} (checkpoint saved; run again to resume)", flush=True)
+                    self.accel.print(f"[train] stopped at step {step} (checkpoint saved; run again to resume)", flush=True)
                     return self.state
             self.save_drafter(self.out / "final")
         finally:
@@ -2109,7 +2147,7 @@ class Trainer:
         self.history.append(ev)
         log.write(json.dumps({"eval": ev}) + "\n")
         log.flush()
-        print(f"[eval] step {ev['step']} tokens {ev['tokens']} loss {ev['heldout_loss']:.4f} tau_est {ev['tau_est']:.3f} "
+        self.accel.print(f"[eval] step {ev['step']} tokens {ev['tokens']} loss {ev['heldout_loss']:.4f} tau_est {ev['tau_est']:.3f} "
               f"tau_block {ev['tau_block']:.3f} acc1 {ev['slot_acc'][0]:.3f} +- {ev['acc1_se']:.3f} ({ev['blocks']} blocks)",
               flush=True)
         if ev["tau_est"] > self.state["best_tau"]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -166,8 +167,7 @@ def test_packed_blocks_see_no_future_context_and_no_other_block():
             for j in range(len(anchors)):
                 if j != i:  # every other block's inputs
                     noise[0, j * 16 : (j + 1) * 16] += 3 * torch.randn(16, 64)
-            changed = T.PackedInput(noise, perturbed, packed.mask, packed.position_ids, packed.block_index,
-                                    packed.blocks, packed.num_tokens)
+            changed = dataclasses.replace(packed, noise_embeds=noise, context=perturbed)
             h1, _ = T.drafter_outputs(drafter, target.get_output_embeddings(), changed)
             torch.testing.assert_close(h1[i], h0[i], atol=1e-5, rtol=1e-5)
             if a + 1 < L:  # a block whose context includes the perturbed rows does change
@@ -1375,3 +1375,120 @@ def test_from_target_warns_when_the_mask_token_is_a_guess():
     with CaptureLogger(modeling_xpress.logger) as chosen:
         XPressDrafterModel.from_target(target, refiner=None, num_hidden_layers=1, mask_token_id=3)
     assert chosen.out == ""
+
+
+# ---- several processes (what `accelerate launch` / torchrun start on several GPUs), here two CPU processes ------------
+
+_TWO_PROCESS_ARGS = ["--refiner", "xpress", "--layers", "1", "--block-size", "4", "--refiner-rank", "8", "--mask-token-id",
+                     str(V - 1), "--anchors-per-seq", "4", "--batch-size", "2", "--grad-accum", "2", "--lr", "3e-3",
+                     "--max-steps", "6", "--heldout-every", "6", "--heldout-seqs", "4", "--eval-every", "3",
+                     "--save-every", "100", "--seed", "0", "--threads", "1"]
+
+# Rank 1's loss is NaN at one micro-batch of step 2: every process must skip that step together.
+_NAN_ON_ONE_PROCESS = """
+import json, sys, torch
+import hf_xpress.training as T
+calls = {"n": 0}
+real = T.refiner_losses
+def refiner_losses(*args, **kwargs):
+    loss, parts = real(*args, **kwargs)
+    calls["n"] += 1
+    if torch.is_grad_enabled() and T.Trainer.rank == 1 and calls["n"] == 6:
+        loss = loss * float("nan")
+    return loss, parts
+T.refiner_losses = refiner_losses
+parser = T.argparse.ArgumentParser()
+T._train_arguments(parser)
+trainer = T.Trainer(T.train_config(parser.parse_args(sys.argv[1:])))
+T.Trainer.rank = trainer.accel.process_index
+state = trainer.run()
+weights = torch.cat([p.detach().flatten() for p in trainer.plain_drafter().parameters()])
+with open(f"{trainer.out}/rank{T.Trainer.rank}.json", "w") as f:
+    json.dump({"state": state, "weights": weights.tolist()}, f)
+"""
+
+
+def _two_processes(*args: str, timeout: int = 240):
+    """`python -m torch.distributed.run --standalone --nproc_per_node 2 ...` (torchrun: what `accelerate launch` runs
+    for several GPUs), gloo on the CPU; fails the test if it fails or hangs."""
+    import subprocess
+    import sys
+
+    import signal
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                                 *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
+    try:
+        stdout, stderr = launcher.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)  # the launcher and its workers
+        launcher.communicate()
+        pytest.fail(f"two training processes still running after {timeout} s (hung)")
+    assert launcher.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    return stdout
+
+
+@pytest.fixture(scope="module")
+def two_process_setup(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny target saved as a folder (no tokenizer: training needs none) and a dataset for it."""
+    root = tmp_path_factory.mktemp("two_processes")
+    target = tiny_llama()
+    target.save_pretrained(root / "target")
+    make_dataset(root / "data", target)
+    return root / "target", root / "data"
+
+
+def test_two_processes_train_resume_and_count_like_one(two_process_setup, tmp_path):
+    """Two processes (DistributedDataParallel over gloo) through `python -m hf_xpress.training`: a run stopped at step 3
+    and resumed ends with the uninterrupted run's weights; the steps' token counts are those of one process reading
+    the same sequences (batch 4 = 2 processes x 2); held-out evaluation, split between the processes, equals one
+    process's; the learning-rate schedule advances once per step; the log is written once."""
+    target_dir, data = two_process_setup
+    common = ["-m", "hf_xpress.training", "train", "--target", str(target_dir), "--data", str(data), *_TWO_PROCESS_ARGS]
+    out = _two_processes(*common, "--out", str(tmp_path / "full"))
+    assert out.count('[train] {"step": 1,') == 1 and out.count("[eval] step 6 ") == 1  # the main process prints
+    _two_processes(*common, "--out", str(tmp_path / "resumed"), "--stop-after-steps", "3")
+    assert not (tmp_path / "resumed" / "final").exists()
+    _two_processes(*common, "--out", str(tmp_path / "resumed"))
+    full = XPressDrafterModel.from_pretrained(tmp_path / "full" / "final")
+    resumed = XPressDrafterModel.from_pretrained(tmp_path / "resumed" / "final")
+    for (name, a), (_, b) in zip(full.named_parameters(), resumed.named_parameters()):
+        torch.testing.assert_close(a, b, msg=name)
+
+    rows = [json.loads(line) for line in (tmp_path / "full" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r] == [1]  # step 1's row (then every 10th), once
+    assert [r["eval"]["step"] for r in rows if "eval" in r] == [0, 3, 6]
+    history = json.loads((tmp_path / "full" / "final" / "training_history.json").read_text())
+    assert history["state"]["step"] == 6 and history["state"]["skipped"] == 0
+
+    parser = argparse.ArgumentParser()
+    T._train_arguments(parser)
+    cfg = T.train_config(parser.parse_args([*common[3:], "--out", str(tmp_path / "full")]))
+    target = LlamaForCausalLM.from_pretrained(target_dir)
+    one = T.Trainer(cfg, target=target)  # one process
+    step1 = next(r for r in rows if "loss" in r)
+    assert step1["lr"] == pytest.approx(one.train_step()["lr"])  # the schedule advances once per step, as in one process
+    assert one.load_checkpoint() and one.state["step"] == 6  # the two processes' last checkpoint
+    evaluated, logged = one.evaluate(), history["history"][-1]
+    assert evaluated["step"] == logged["step"] == 6 and evaluated["slot_acc"][0] > 0
+    for key, value in evaluated.items():
+        assert logged[key] == pytest.approx(value, rel=1e-6), key
+
+    one4 = T.Trainer(dataclasses.replace(cfg, batch_size=4), target=target)  # 1 process x 4 reads what 2 x 2 read
+    read = [i for _ in range(6 * cfg.grad_accum) for i in one4._next_indices()]
+    assert history["state"]["tokens"] == sum(len(one4.data.sequence(i)[0]) for i in read)
+
+
+def test_two_processes_skip_a_step_that_is_not_finite_on_one_of_them(two_process_setup, tmp_path):
+    """A non-finite loss on one process only: both skip the step (a backward on one alone would hang in DDP's
+    gradient all-reduce) and stay identical."""
+    target_dir, data = two_process_setup
+    script = tmp_path / "nan_on_one.py"
+    script.write_text(_NAN_ON_ONE_PROCESS)
+    _two_processes(str(script), "--target", str(target_dir), "--data", str(data), *_TWO_PROCESS_ARGS,
+                   "--out", str(tmp_path / "run"), timeout=120)
+    ranks = [json.loads((tmp_path / "run" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [r["state"]["skipped"] for r in ranks] == [1, 1] and [r["state"]["step"] for r in ranks] == [6, 6]
+    assert ranks[0]["weights"] == ranks[1]["weights"]

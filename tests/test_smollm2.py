@@ -194,3 +194,16 @@ def test_demo_exit_status_fails_on_an_fp32_mismatch_only(monkeypatch):
     assert main(["demo", "--dtype", "bfloat16"]) == 0  # bf16: near-ties may drift; reported, not failed
     monkeypatch.setattr(demo, "run_demo", lambda *a: [{"identical": True}])
     assert main(["demo"]) == 0
+
+
+@pytest.mark.parametrize("example", ["quickstart.py", "pipeline.py"])
+def test_examples_run_and_match_plain_generate(example, tmp_path):
+    """The README's runnable examples, as a user runs them (a fresh interpreter, any working directory); each asserts
+    that its output equals plain `generate` / the plain pipeline's."""
+    import subprocess
+    import sys
+
+    script = SHIPPED.parent / "examples" / example
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "tau " in done.stdout

@@ -419,8 +419,11 @@ def build_model(config: XPressDrafterConfig, state: dict[str, torch.Tensor], dty
     """`XPressDrafterModel(config)` with exactly the tensors of `state` (our names); refuses missing/extra/misshapen."""
     from transformers.initialization import no_init_weights
 
+    # Built in its final dtype and filled tensor by tensor (load_state_dict casts each one as it copies): the memory
+    # peak is the checkpoint plus one model, not a float32 model and a whole cast copy of the checkpoint besides.
+    target_dtype = _dtype(dtype, _stored_dtype(state))
     with no_init_weights():  # every parameter is overwritten below: skip the random initialisation
-        model = XPressDrafterModel(config)
+        model = XPressDrafterModel._from_config(config, dtype=target_dtype)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -434,9 +437,8 @@ def build_model(config: XPressDrafterConfig, state: dict[str, torch.Tensor], dty
             f"The weights of {name} do not fit the layout: missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
             f"unexpected {unexpected[:8]}{'...' if len(unexpected) > 8 else ''}, wrong shapes {shapes[:8]}."
         )
-    target_dtype = _dtype(dtype, _stored_dtype(state))
-    model.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
-    return model.to(target_dtype).eval()
+    model.load_state_dict(state, strict=True)
+    return model.eval()
 
 
 def load_dflash(

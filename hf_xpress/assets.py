@@ -519,11 +519,15 @@ def _sharegpt_prompts() -> Iterator[PromptRecord]:
 
 def _jsonl(path: Path) -> Iterator[PromptRecord]:
     """Rows of ``{"prompt": str}`` or ``{"messages": [...]}``, with an optional ``"id"``."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with open(path, "rb") as f:  # bytes, decoded line by line: a decoding error names its line
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{where}: not UTF-8 text ({exc})") from None
             if not line.strip():
                 continue
-            where = f"{path}:{lineno}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:

@@ -688,6 +688,9 @@ def _block_size(methods: Sequence[Method]) -> int:
 
 
 def _mismatch_line(info: dict) -> str:
+    if info.get("kind") == "length":  # the same tokens, but one output stopped earlier: no logit gap to report
+        return (f"!!! MISMATCH vs plain generate: {info['method']} on {info['prompt_id']}: the same tokens, but "
+                f"{info['method_len']} new tokens against plain generate's {info['reference_len']} (a stop differs)")
     gap = info.get("top2_logit_gap")
     return (
         f"!!! MISMATCH vs plain generate: {info['method']} on {info['prompt_id']} at new token {info['position']} "
@@ -1543,8 +1546,11 @@ def plot_block_latency(r: dict, path: Path) -> Path:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _int_list(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+def _int_list(text: str, flag: str = "--passes") -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated integers, got {text!r}") from None
 
 
 def select_methods(methods: list[Method], spec: str) -> list[Method]:
@@ -1580,7 +1586,16 @@ def _load_drafter(path: str, dtype: torch.dtype, device):
 
     import hf_xpress  # noqa: F401  (Auto registration and the generate() hook)
 
-    return AutoModel.from_pretrained(path, dtype=dtype).to(device).eval()
+    from .modeling_xpress import XPressDrafterModel
+
+    try:
+        model = AutoModel.from_pretrained(path, dtype=dtype)
+    except OSError as err:  # a missing folder reads as a malformed Hub id
+        raise ValueError(f"--drafter {path}: not a drafter folder or Hub id ({err})") from err
+    if not isinstance(model, XPressDrafterModel):
+        raise ValueError(f"--drafter {path} holds a {type(model).__name__}, not an xPress / dFlash drafter "
+                         "(`hf-xpress convert` imports other drafter formats; a classic assistant goes to --assistant)")
+    return model.to(device).eval()
 
 
 def _label(path: str) -> str:
@@ -1588,7 +1603,7 @@ def _label(path: str) -> str:
 
 
 def _load_sets(names: Sequence[str], limit: int | None, target, tokenizer, max_new_tokens: int) -> dict[str, list]:
-    from .assets import apply_chat_template, load_prompts
+    from .assets import EVAL_SETS, apply_chat_template, load_prompts
 
     def first_answer(messages):
         ids = torch.tensor([apply_chat_template(tokenizer, messages)], device=target.device)
@@ -1598,18 +1613,29 @@ def _load_sets(names: Sequence[str], limit: int | None, target, tokenizer, max_n
     sets = {}
     for name in names:
         key = Path(name).stem if name.endswith(".jsonl") else name
+        if key in sets or (key != name and key in EVAL_SETS):
+            raise ValueError(f"--sets: {name} would be reported as {key!r}, the name of {'another set given' if key in sets else 'a built-in set'}; "
+                             "rename the .jsonl file (a set is named by its file name without .jsonl)")
         sets[key] = load_prompts(name, limit, first_answer=first_answer if name == "mtbench2" else None)
+    if not any(sets.values()):
+        raise ValueError(f"--sets {','.join(names) or '(none)'}: no prompts to run")
     return sets
 
 
-def _optional_ints(text: str, kind: type = int) -> list[int | float | None]:
-    """"64,none" -> [64, None] (--shortlist, --drafts; values of `kind`)."""
-    return [None if v.strip().lower() == "none" else kind(v) for v in text.split(",") if v.strip()]
+def _optional_ints(text: str, kind: type = int, flag: str = "--shortlist") -> list[int | float | None]:
+    """"64,none" -> [64, None] (--shortlist, --drafts, --tree, --tree-budget: positive values of `kind`)."""
+    try:
+        values = [None if v.strip().lower() == "none" else kind(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} takes comma-separated {kind.__name__}s or none, got {text!r}") from None
+    if kind is int and any(v is not None and v < 1 for v in values):
+        raise ValueError(f"{flag} takes positive integers or none, got {text!r}")
+    return values
 
 
 def _optional_floats(text: str) -> list[float | None]:
     """"none,1.5" -> [None, 1.5] (--tree-temperature: positive values)."""
-    values = _optional_ints(text, float)
+    values = _optional_ints(text, float, "--tree-temperature")
     bad = [v for v in values if v is not None and not 0.0 < v < float("inf")]
     if bad:
         raise ValueError(f"--tree-temperature takes positive numbers or none, got {bad}")
@@ -1664,32 +1690,45 @@ def main(args: argparse.Namespace) -> int:
         except (OSError, ValueError, KeyError, TypeError) as error:
             raise SystemExit(f"--from-results {source}: not a results.json written by `hf-xpress bench` ({error!r})")
         out_dir = Path(args.out) if args.out != DEFAULT_OUT else source.parent
+        _check_out_dir(out_dir)
         paths = write_outputs(results, out_dir)
         print(results["headline"])
         print(f"wrote {paths['json']}, {paths['report']} and plots (re-summarized from {source})")
         return 0
 
-    # Every list of method settings is parsed before any model loads, so a typo fails at once.
+    # Every setting is checked before any model loads, so a typo fails at once, and before anything runs, so a run
+    # is never lost at the end.
+    try:
+        confidences = [float(c) for c in args.confidence.split(",") if c.strip()]
+    except ValueError:
+        raise ValueError(f"--confidence takes comma-separated numbers, got {args.confidence!r}") from None
     options = dict(
         passes=_int_list(args.passes),
         early_stop=_on_off_list(args.early_stop),
         shortlists=_optional_ints(args.shortlist),
-        drafts=_optional_ints(args.drafts),
-        confidences=[float(c) for c in args.confidence.split(",") if c.strip()],
+        drafts=_optional_ints(args.drafts, flag="--drafts"),
+        confidences=confidences,
         draft_vocabs=_on_off_list(args.draft_vocab, "--draft-vocab"),
         prompt_lookup=None if args.no_prompt_lookup else args.prompt_lookup_tokens,
         native_dflash=not args.no_native_dflash,
         with_lookup=_lookup_list(args.with_lookup),
-        trees=_optional_ints(args.tree),
-        tree_budgets=_optional_ints(args.tree_budget),
+        trees=_optional_ints(args.tree, flag="--tree"),
+        tree_budgets=_optional_ints(args.tree_budget, flag="--tree-budget"),
         tree_temperatures=_optional_floats(args.tree_temperature),
     )
+    _check_run_numbers(args)
+    out_dir = Path(args.out)
+    _check_out_dir(out_dir)
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load_target(args.target, dtype=dtype, device=args.device)
     drafters = [(_label(p), _load_drafter(p, dtype, target.device)) for p in args.drafter or []]
-    out_dir = Path(args.out)
+    for label, drafter in drafters:
+        most = drafter.config.block_size - 1
+        if any(n is not None and n > most for n in options["drafts"]):
+            raise ValueError(f"--drafts {args.drafts}: {label} drafts at most {most} tokens per round (block size "
+                             f"{most + 1})")
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
 
     block = None
@@ -1718,7 +1757,10 @@ def main(args: argparse.Namespace) -> int:
 
         from .assets import resolve_target
 
-        model = AutoModelForCausalLM.from_pretrained(resolve_target(args.assistant), dtype=dtype)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(resolve_target(args.assistant), dtype=dtype)
+        except OSError as err:
+            raise ValueError(f"--assistant {args.assistant}: not a model folder or Hub id ({err})") from err
         assistant = (_label(args.assistant), model.to(target.device).eval())
     methods = build_methods(drafters, assistant=assistant, **options)
     if args.methods:
@@ -1743,20 +1785,53 @@ def main(args: argparse.Namespace) -> int:
     return 1 if (args.fail_on_mismatch and results["mismatches"]) else 0
 
 
+def _check_run_numbers(args: argparse.Namespace) -> None:
+    """Refuse numbers that would crash deep inside a run, or run something other than asked, with the flag's name."""
+    temperatures = []
+    for t in args.temperature:
+        if not (math.isfinite(t) and t >= 0):
+            raise ValueError(f"--temperature takes 0 (greedy) or a positive number (sampling), got {t}")
+        if t not in temperatures:
+            temperatures.append(t)
+    args.temperature = temperatures  # a temperature given twice runs once
+    for flag, value, least in (("--limit", args.limit, 1), ("--max-new-tokens", args.max_new_tokens, 1),
+                               ("--threads", args.threads, 0), ("--block-repeats", args.block_repeats, 1),
+                               ("--block-context", args.block_context, 8), ("--prompt-lookup-tokens",
+                                                                            args.prompt_lookup_tokens, 1)):
+        if value < least:
+            raise ValueError(f"{flag} must be at least {least}, got {value}")
+    try:
+        torch.device(args.device)
+    except RuntimeError as err:
+        raise ValueError(f"--device {args.device!r}: not a torch device ({err})") from None
+
+
+def _check_out_dir(out_dir: Path) -> None:
+    """Create `out_dir` now, so that a path that cannot be written fails before the run, not after it."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--out {out_dir}: cannot create the output folder ({err})") from None
+    if not os.access(out_dir, os.W_OK):
+        raise ValueError(f"--out {out_dir}: the output folder is not writable")
+
+
 def render_summary(results: dict) -> str:
     """A compact console table: tau per set, tokens/s, speed-up, mismatches."""
     lines = []
+    width = max([28, *(len(m["name"]) + 1 for m in results["methods"])])  # names in full: some differ at the end
     for tkey, per_set in results["summary"].items():
         sets = [s for s in per_set if s != "all"]
-        head = f"{'method':<28}" + "".join(f"{s[:10]:>11}" for s in sets) + f"{'tok/s':>9}{'speedup':>9}{'mism':>6}"
+        greedy = tkey == "T=0"
+        head = f"{'method':<{width}}" + "".join(f"{s[:10]:>11}" for s in sets) + f"{'tok/s':>9}{'speedup':>9}{'mism':>6}"
         lines += [f"\n{tkey}: tau per set, speed over all sets", head, "-" * len(head)]
         for m in results["methods"]:
             f = per_set.get("all", {}).get(m["name"])
             if not f:
                 continue
             taus = "".join(f"{_fmt(per_set[s].get(m['name'], {}).get('tau')):>11}" for s in sets)
-            lines.append(f"{m['name'][:28]:<28}" + taus
-                         + f"{_fmt(f['tokens_per_s'], 1):>9}{_fmt(f.get('speedup')):>8}x{f['mismatches']:>6}")
+            mism = f["mismatches"] if greedy else "-"  # sampled runs are not compared with plain generate
+            lines.append(f"{m['name']:<{width}}" + taus + f"{_fmt(f['tokens_per_s'], 1):>9}{_fmt(f.get('speedup')):>8}x{mism:>6}")
     return "\n".join(lines)
 
 

@@ -170,6 +170,14 @@ def test_mismatch_detector_flags_a_wrong_method(llama, capsys):
     assert info["kind"] == "length" and info["position"] == 2 and info["near_tie"] is False
     assert info["reference_token"] == 11 and info["method_token"] is None and "top2_logit_gap" not in info
     assert first_mismatch(llama, ids, [4, 9, 11], [4, 8, 11])["kind"] == "token"
+
+    def short(target, ids, kwargs):  # the same tokens, one fewer: reported (it crashed the run before)
+        return target.generate(ids, **kwargs)[:, :-1]
+
+    results = run_benchmark(llama, None, [methods[0], Method("short", "custom", runner=short)], {"s": [[5, 6, 7]]},
+                            max_new_tokens=6, progress=False, warmup=False)
+    assert [m["kind"] for m in results["mismatches"]] == ["length"]
+    assert "short on s/0: the same tokens, but 5 new tokens against plain generate's 6" in capsys.readouterr().err
     with pytest.raises(ValueError, match="set 's' has prompts with the same id \\('dup'\\)"):
         run_benchmark(llama, None, methods, {"s": [PromptRecord("dup", "s", [{"role": "user", "content": "a"}], {}),
                                                   PromptRecord("dup", "s", [{"role": "user", "content": "b"}], {})]},
@@ -507,3 +515,82 @@ def test_bench_rejects_bad_method_lists_before_loading_any_model(tmp_path, capsy
     assert "hf-xpress bench: error: --early-stop takes on,off (got 'maybe')" in capsys.readouterr().err
     assert cli_main(["bench", "--target", missing, "--tree-temperature", "0"]) == 2
     assert "--tree-temperature takes positive numbers or none" in capsys.readouterr().err
+
+
+def test_metric_counts_drafting_rounds_like_the_bench_and_refuses_what_it_would_truncate(monkeypatch):
+    """With `proposed`, rounds that proposed nothing are left out and prompt lookup's long rounds are accepted (the
+    README says `drafter.stats` is the input); fractional counts are refused, not truncated by the feature type."""
+    evaluate = pytest.importorskip("evaluate")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    metric = evaluate.load(str(METRIC))
+    out = metric.compute(accepted=[0, 18, 0, 14, 1, 10], proposed=[0, 30, 3, 30, 2, 30], block_size=16)
+    assert out["rounds"] == 5 and out["tau"] == pytest.approx(1 + 43 / 5) and len(out["slot_acceptance"]) == 30
+    assert out["acceptance_rate"] == pytest.approx(43 / 95)
+    assert metric.compute(accepted=[0, 2], proposed=[0, 3], block_size=16)["tau"] == 3.0
+    for bad, name in (({"accepted": [1.7, 2.2], "block_size": 4}, "accepted"), ({"accepted": [1], "block_size": 4.9},
+                      "block_size"), ({"accepted": [None], "block_size": 4}, "accepted"),
+                      ({"accepted": [1], "block_size": None}, "block_size"),
+                      ({"accepted": [1], "proposed": [-1], "block_size": 4}, "proposed")):
+        with pytest.raises(ValueError, match=f"{name} takes non-negative whole numbers"):
+            metric.compute(**bad)
+    with pytest.raises(ValueError, match="need proposed="):
+        metric.compute(accepted=[18], block_size=16)
+
+
+def test_bench_checks_its_settings_before_loading_or_running(tmp_path, capsys):
+    """Each before any model loads (the target does not exist): one line naming the flag, exit status 2."""
+    missing = str(tmp_path / "no-such-target")
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    cases = [
+        (["--shortlist", "0"], "--shortlist takes positive integers or none"),
+        (["--shortlist", "-5"], "--shortlist takes positive integers or none"),
+        (["--drafts", "0"], "--drafts takes positive integers or none"),
+        (["--drafts", "abc"], "--drafts takes comma-separated ints or none"),
+        (["--passes", "abc"], "--passes takes comma-separated integers"),
+        (["--confidence", "x"], "--confidence takes comma-separated numbers"),
+        (["--temperature", "-1"], "--temperature takes 0 (greedy) or a positive number"),
+        (["--temperature", "nan"], "--temperature takes 0 (greedy) or a positive number"),
+        (["--limit", "0"], "--limit must be at least 1"),
+        (["--threads", "-1"], "--threads must be at least 0"),
+        (["--block-context", "0"], "--block-context must be at least 8"),
+        (["--block-repeats", "0"], "--block-repeats must be at least 1"),
+        (["--device", "foo"], "--device 'foo': not a torch device"),
+        (["--out", str(afile / "sub")], f"--out {afile / 'sub'}: cannot create the output folder"),
+    ]
+    for flags, message in cases:
+        assert cli_main(["bench", "--target", missing, *flags]) == 2, flags
+        assert message in capsys.readouterr().err, flags
+    saved = REPO / "results" / "smollm2-bf16-dyn-lookup-24" / "results.json"  # a committed run
+    assert cli_main(["bench", "--from-results", str(saved), "--out", str(afile / "sub")]) == 2
+    assert "cannot create the output folder" in capsys.readouterr().err
+
+
+def test_bench_refuses_bad_folders_duplicate_sets_and_an_empty_run(tmp_path, llama, capsys):
+    target_dir = tmp_path / "target"
+    llama.save_pretrained(target_dir)
+    _char_tokenizer().save_pretrained(target_dir)
+    base = ["bench", "--target", str(target_dir), "--no-progress", "--threads", "1", "--max-new-tokens", "4",
+            "--out", str(tmp_path / "out")]
+    prompts = _prompt_file(tmp_path)
+    (tmp_path / "other").mkdir()
+    twin = tmp_path / "other" / "mine.jsonl"
+    twin.write_text(prompts.read_text())
+    builtin = tmp_path / "humaneval.jsonl"
+    builtin.write_text(prompts.read_text())
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    drafter = tmp_path / "drafter"
+    tiny_drafter(llama, "xpress").save_pretrained(drafter)
+    cases = [
+        (["--drafter", str(tmp_path / "nowhere")], "--drafter " + str(tmp_path / "nowhere") + ": not a drafter folder"),
+        (["--drafter", str(target_dir)], "holds a LlamaModel, not an xPress / dFlash drafter"),
+        (["--assistant", str(tmp_path / "nowhere")], "--assistant " + str(tmp_path / "nowhere") + ": not a model folder"),
+        (["--drafter", str(drafter), "--drafts", "100"], "--drafts 100: drafter drafts at most 15 tokens per round"),
+        (["--sets", f"{prompts},{twin}"], "would be reported as 'mine', the name of another set given"),
+        (["--sets", str(builtin)], "would be reported as 'humaneval', the name of a built-in set"),
+        (["--sets", str(empty)], "no prompts to run"),
+    ]
+    for flags, message in cases:
+        assert cli_main([*base, *flags]) == 2, flags
+        assert message in capsys.readouterr().err, flags

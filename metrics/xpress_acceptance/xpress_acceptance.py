@@ -18,6 +18,8 @@ this input.
 
 from __future__ import annotations
 
+import numbers
+
 import datasets
 import evaluate
 
@@ -28,8 +30,9 @@ _KWARGS_DESCRIPTION = """
 Args:
     accepted (`list[int]`): accepted draft tokens per verification round, each in 0 .. block_size - 1.
     block_size (`int`, default 16): the drafter's block size B (anchor + B - 1 drafts).
-    proposed (`list[int]`, optional): drafts proposed per round (B - 1 except near max_length). When given,
-        `acceptance_rate` = sum(accepted) / sum(proposed) is also returned.
+    proposed (`list[int]`, optional): drafts proposed per round (B - 1 except near max_length; prompt lookup may
+        propose more). When given, `acceptance_rate` = sum(accepted) / sum(proposed) is also returned, and rounds
+        that proposed nothing are left out (drafting rounds only, as `hf-xpress bench` counts them).
 Returns:
     tau (`float`): mean(accepted) + 1; NaN when there are no rounds.
     mean_accepted (`float`): mean(accepted).
@@ -57,38 +60,54 @@ class XpressAcceptance(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features({"accepted": datasets.Value("int64")}),
+            features=datasets.Features({"accepted": datasets.Value("float64")}),  # checked whole in _compute (int64 would truncate 1.7 to 1)
             reference_urls=["https://arxiv.org/abs/2608.02438"],
         )
 
     def _compute(self, accepted, block_size: int = 16, proposed=None):
-        block_size = int(block_size)
+        block_size = _count(block_size, "block_size")
         if block_size < 2:
             raise ValueError(f"block_size must be >= 2 (anchor + at least one draft), got {block_size}")
-        accepted = [int(a) for a in accepted]
-        bad = [a for a in accepted if a < 0 or a > block_size - 1]
-        if bad:
-            raise ValueError(
-                f"accepted counts must lie in 0..{block_size - 1} for block_size {block_size}; got {bad[:5]}"
-            )
+        accepted = [_count(a, "accepted") for a in accepted]
+        width = block_size - 1  # draft slots per round
+        if proposed is None:
+            bad = [a for a in accepted if a > block_size - 1]
+            if bad:
+                raise ValueError(
+                    f"accepted counts must lie in 0..{block_size - 1} for block_size {block_size}; got {bad[:5]} "
+                    "(rounds that proposed more, e.g. prompt lookup's, need proposed=)"
+                )
+        else:
+            proposed = [_count(p, "proposed") for p in proposed]
+            if len(proposed) != len(accepted):
+                raise ValueError(f"proposed has {len(proposed)} rounds, accepted has {len(accepted)}")
+            if any(a > p for a, p in zip(accepted, proposed)):
+                raise ValueError("a round accepted more drafts than it proposed")
+            # Rounds that proposed nothing (prompt lookup found no match, the length limit left no room) are not
+            # drafting rounds: left out, as `hf-xpress bench` leaves them out.
+            kept = [(a, p) for a, p in zip(accepted, proposed) if p > 0]
+            accepted, proposed = [a for a, _ in kept], [p for _, p in kept]
+            width = max([width, *proposed])  # prompt lookup may propose more than B - 1
         rounds = len(accepted)
         if rounds == 0:
             nan = float("nan")
-            out = {"tau": nan, "mean_accepted": nan, "rounds": 0, "slot_acceptance": [nan] * (block_size - 1)}
+            out = {"tau": nan, "mean_accepted": nan, "rounds": 0, "slot_acceptance": [nan] * width}
         else:
             mean = sum(accepted) / rounds
             out = {
                 "tau": mean + 1.0,
                 "mean_accepted": mean,
                 "rounds": rounds,
-                "slot_acceptance": [sum(a >= k for a in accepted) / rounds for k in range(1, block_size)],
+                "slot_acceptance": [sum(a >= k for a in accepted) / rounds for k in range(1, width + 1)],
             }
         if proposed is not None:
-            proposed = [int(p) for p in proposed]
-            if len(proposed) != rounds:
-                raise ValueError(f"proposed has {len(proposed)} rounds, accepted has {rounds}")
-            if any(a > p for a, p in zip(accepted, proposed)):
-                raise ValueError("a round accepted more drafts than it proposed")
             total = sum(proposed)
             out["acceptance_rate"] = sum(accepted) / total if total else float("nan")
         return out
+
+
+def _count(value, name: str) -> int:
+    """`value` as a non-negative int; anything else (a fraction, None, a string, a negative number) is refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != int(value) or value < 0:
+        raise ValueError(f"{name} takes non-negative whole numbers, got {value!r}")
+    return int(value)

@@ -454,6 +454,15 @@ def _mmath(subset: str) -> Iterator[PromptRecord]:
             yield PromptRecord(f"{subset}/{row['data_source_id']}", subset, [_user(content)], row)
 
 
+def benchmark_questions() -> list[str]:
+    """The evaluation sets' questions as written in their packages: HumanEval's prompts, both MT-Bench turns, and the
+    MATH-500 / AIME 2024 / AIME 2025 questions of MMATH (what training data must never contain)."""
+    questions = [record.meta["prompt"] for record in _humaneval()]
+    questions += [turn for row in _mtbench_rows() for turn in row["turns"]]
+    questions += [record.meta["question"] for subset in _MMATH_SUBSETS for record in _mmath(subset)]
+    return questions
+
+
 def _iter_json_array(path: Path, chunk_chars: int = 1 << 20) -> Iterator[Any]:
     """Yield the elements of a top-level JSON array one by one, reading ``path`` in chunks.
 

@@ -199,11 +199,17 @@ def jsonl_exchanges(path: str, limit: int | None) -> Iterator[tuple[str, list[di
     from .assets import _checked_message
 
     count = 0
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    if Path(path).is_dir():
+        raise ValueError(f"jsonl:{path} is a folder, not a jsonl file")
+    with open(path, "rb") as f:  # bytes, decoded line by line: a decoding error names its line
+        for lineno, raw in enumerate(f, 1):
+            where = f"{path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{where}: not UTF-8 text ({exc})") from None
             if not line.strip() or (limit is not None and count >= limit):
                 continue
-            where = f"{path}:{lineno}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -215,7 +221,10 @@ def jsonl_exchanges(path: str, limit: int | None) -> Iterator[tuple[str, list[di
             else:
                 raise ValueError(f'{where}: expected {{"prompt": str}} or {{"messages": [...]}} (a non-empty list)')
             count += 1
-            yield str(row.get("id", f"{Path(path).stem}/{lineno}")), msgs
+            # Without an "id": one from the row's content, so that another file's rows (another chats.jsonl) are
+            # never taken for these by `--extend`, which skips the ids a set already holds.
+            content = hashlib.sha256(json.dumps(msgs, sort_keys=True).encode()).hexdigest()[:16]
+            yield str(row.get("id", f"{Path(path).stem}/{content}")), msgs
 
 
 def _stdlib_files() -> tuple[Path, list[str]]:
@@ -770,11 +779,25 @@ def label_batches(ds: Dataset, chunk: int, max_batch_tokens: int) -> Iterator[tu
         yield min(n, start + chunk), batches
 
 
+def data_prefix_hash(data: Dataset, num_tokens: int) -> str:
+    """sha256 of a dataset's first `num_tokens` tokens and of the sequence boundaries within them: what target
+    features computed sequence by sequence depend on."""
+    digest = hashlib.sha256(np.ascontiguousarray(data.tokens[:num_tokens]).tobytes())
+    offsets = np.asarray(data.offsets)
+    digest.update(np.ascontiguousarray(offsets[offsets <= num_tokens]).tobytes())
+    return digest.hexdigest()
+
+
 class FeatureCache:
     """Local, uncommitted cache of target features: `[T, (n+1)*H]` bf16 (stored as uint16), rows aligned with the
-    dataset's tokens: `cat(hidden_states[i+1] for i in layer_ids)` then the final (normed) hidden state."""
+    dataset's tokens: `cat(hidden_states[i+1] for i in layer_ids)` then the final (normed) hidden state.
 
-    def __init__(self, folder: str | os.PathLike, num_tokens: int, width: int, layer_ids: list[int], mode: str = "r"):
+    `data`: the dataset the rows belong to. The cache records a hash of the tokens it covers (`data_prefix_hash`), so
+    that a cache of another dataset is refused (same size or not), and an extended dataset, whose first tokens are
+    the cache's, grows it. Caches written before the hash was recorded are taken as they are."""
+
+    def __init__(self, folder: str | os.PathLike, num_tokens: int, width: int, layer_ids: list[int], mode: str = "r",
+                 data: Dataset | None = None):
         self.folder = Path(folder)
         self.layer_ids = list(layer_ids)
         self.width = width
@@ -782,17 +805,25 @@ class FeatureCache:
         if mode == "w" and not meta.exists():
             self.folder.mkdir(parents=True, exist_ok=True)
             np.lib.format.open_memmap(self.folder / "features.npy", mode="w+", dtype=np.uint16, shape=(num_tokens, width))
-            _write_atomic(meta, json.dumps({"num_tokens": num_tokens, "width": width, "layer_ids": self.layer_ids,
-                                            "num_done": 0}))
+            fresh = {"num_tokens": num_tokens, "width": width, "layer_ids": self.layer_ids, "num_done": 0}
+            if data is not None:
+                fresh["data_sha256"] = data_prefix_hash(data, num_tokens)
+            _write_atomic(meta, json.dumps(fresh))
         info = json.loads(meta.read_text())
+        recorded = info.get("data_sha256")
+        if data is not None and recorded is not None and info["num_tokens"] <= num_tokens and \
+                recorded != data_prefix_hash(data, info["num_tokens"]):
+            raise ValueError(f"feature cache {self.folder} holds the features of other data (its {info['num_tokens']} "
+                             "tokens differ from this dataset's first ones): give the data's own "
+                             "--feature-cache folder, or a new one (it is filled as the data is labelled)")
         if mode == "w" and info["layer_ids"] == self.layer_ids and info["width"] == width and info["num_tokens"] < num_tokens:
-            self._grow(info, num_tokens)  # the dataset was extended: keep the rows already computed
-            info = json.loads(meta.read_text())
+            self._grow(info, num_tokens, None if data is None or recorded is None else data_prefix_hash(data, num_tokens))
+            info = json.loads(meta.read_text())  # the dataset was extended: the rows already computed are kept
         if info["layer_ids"] != self.layer_ids or info["num_tokens"] != num_tokens or info["width"] != width:
             raise ValueError(f"feature cache {self.folder} was built for {info}, not layers {self.layer_ids} / {num_tokens} tokens")
         self.array = np.load(self.folder / "features.npy", mmap_mode="r+" if mode == "w" else "r")
 
-    def _grow(self, info: dict, num_tokens: int) -> None:
+    def _grow(self, info: dict, num_tokens: int, data_sha256: str | None) -> None:
         old = np.load(self.folder / "features.npy", mmap_mode="r")
         tmp = self.folder / "features.tmp.npy"
         new = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint16, shape=(num_tokens, self.width))
@@ -802,7 +833,8 @@ class FeatureCache:
         new.flush()
         del new, old
         os.replace(tmp, self.folder / "features.npy")
-        _write_atomic(self.folder / "meta.json", json.dumps(dict(info, num_tokens=num_tokens)))
+        grown = dict(info, num_tokens=num_tokens) | ({"data_sha256": data_sha256} if data_sha256 else {})
+        _write_atomic(self.folder / "meta.json", json.dumps(grown))
 
     @property
     def num_done(self) -> int:
@@ -851,7 +883,7 @@ def label_dataset(target: Any, folder: Path, *, layer_ids: list[int] | None, cac
     cache = None
     if cache_dir is not None:
         H = target.config.get_text_config().hidden_size
-        cache = FeatureCache(cache_dir, int(ds.offsets[-1]), (len(layer_ids) + 1) * H, layer_ids, mode="w")
+        cache = FeatureCache(cache_dir, int(ds.offsets[-1]), (len(layer_ids) + 1) * H, layer_ids, mode="w", data=ds)
     labelled = ds.num_labelled
     done = labelled if cache is None else min(labelled, cache.num_done)
     lm_head = target.get_output_embeddings()
@@ -887,10 +919,48 @@ def label_dataset(target: Any, folder: Path, *, layer_ids: list[int] | None, cac
     return Dataset.load(folder)
 
 
+class BenchmarkFilter:
+    """Leaves out exchanges whose user turns hold a question of the evaluation sets (`assets.benchmark_questions`),
+    compared case- and whitespace-insensitively: equal to one, or containing one of 40+ characters."""
+
+    MIN_CONTAINED = 40
+
+    def __init__(self):
+        from .assets import benchmark_questions
+
+        self.available = True
+        try:
+            questions = {self.normal(q) for q in benchmark_questions()}
+        except (FileNotFoundError, ImportError, OSError) as err:  # the sets' packages are not installed
+            print(f"[data] warning: the benchmark prompt sets could not be read ({err}): prompts are not checked "
+                  "against them", flush=True)
+            questions, self.available = set(), False
+        self.exact = questions
+        self.long = [q for q in questions if len(q) >= self.MIN_CONTAINED]
+        self.dropped: list[str] = []
+
+    @staticmethod
+    def normal(text: str) -> str:
+        return " ".join(text.lower().split())
+
+    def keep(self, ident: str, messages: list[dict]) -> bool:
+        for m in messages:
+            if m["role"] != "user":
+                continue
+            text = self.normal(m["content"])
+            if text in self.exact or any(q in text for q in self.long):
+                self.dropped.append(ident)
+                return False
+        return True
+
+
 def collect_sequences(args: argparse.Namespace, target: Any, tokenizer: Any, out: Path) -> list[tuple[str, list[int], int]]:
-    """All sources of `--source` (comma-separated) as `(id, ids, prompt_len)`, shuffled with `--seed`."""
+    """All sources of `--source` (comma-separated) as `(id, ids, prompt_len)`, shuffled with `--seed`. Exchanges
+    whose prompt holds a benchmark question are left out (`BenchmarkFilter`)."""
     seqs: list[tuple[str, list[int], int]] = []
     counts: dict[str, int] = {}
+    seen = 0  # exchanges the sources gave, before any filter
+    benchmarks = BenchmarkFilter()
     for spec in args.source.split(","):
         kind, _, arg = spec.partition(":")
         n_before = len(seqs)
@@ -903,6 +973,9 @@ def collect_sequences(args: argparse.Namespace, target: Any, tokenizer: Any, out
         if kind in exchanges:
             it = exchanges[kind]()
             for ident, msgs in it:
+                seen += 1
+                if not benchmarks.keep(ident, msgs):
+                    continue
                 if msgs[-1]["role"] != "assistant":
                     raise ValueError(f"{ident}: label mode needs a response; use regen-{kind} for prompts only")
                 ids, plen = _chat_ids(tokenizer, msgs)
@@ -916,11 +989,14 @@ def collect_sequences(args: argparse.Namespace, target: Any, tokenizer: Any, out
                 raise ValueError(f"{arg}: a dataset for a {other.manifest['vocab_size']}-token vocabulary, but this "
                                  f"target has {vocab} tokens")
             names = other.manifest.get("ids") or [f"{Path(arg).name}/{i}" for i in range(other.num_sequences)]
-            for i, ident in enumerate(names):
+            for i, ident in enumerate(names):  # checked against the benchmarks when that set was built
                 tok, _, plen = other.sequence(i)
+                seen += 1
                 seqs.append((ident, np.asarray(tok).tolist(), plen))
         elif kind.startswith("regen-") and kind.removeprefix("regen-") in exchanges:
             ex = list(exchanges[kind.removeprefix("regen-")]())
+            seen += len(ex)
+            ex = [(ident, msgs) for ident, msgs in ex if benchmarks.keep(ident, msgs)]
             for ident, ids, plen in regenerate(target, tokenizer, ex, out, max_new_tokens=args.max_new_tokens,
                                                batch_size=args.batch_size, do_sample=args.do_sample, seed=args.seed,
                                                max_prompt=args.max_prompt):
@@ -932,23 +1008,69 @@ def collect_sequences(args: argparse.Namespace, target: Any, tokenizer: Any, out
                              "regen-stdlib, regen-pyfunc, regen-maths, regen-chat, regen-jsonl:PATH, dataset:PATH")
         counts[spec] = len(seqs) - n_before
         print(f"[data] {spec}: {counts[spec]} sequences", flush=True)
+    if benchmarks.dropped:
+        print(f"[data] left out {len(benchmarks.dropped)} prompts that hold a question of the benchmark sets "
+              f"(HumanEval, MT-Bench, MMATH), e.g. {benchmarks.dropped[0]!r}: a drafter is never trained on them",
+              flush=True)
+    if not seen:
+        raise ValueError(f"--source {args.source}: the sources gave no sequences (a count of 0, or empty files)")
+    if not seqs:
+        raise ValueError(f"--source {args.source}: all {seen} sequences were filtered out (prompts over --max-prompt "
+                         f"{args.max_prompt} or --max-len {args.max_len}, responses under 8 tokens after truncation, or "
+                         "benchmark questions)")
+    first: dict[str, list[int]] = {}
+    for ident, ids, _ in seqs:
+        if first.setdefault(ident, ids) != ids:
+            raise ValueError(f"id {ident!r} names two different sequences; give each row of a jsonl source its own "
+                             "\"id\" (or none: then one is made from its content)")
     random.Random(args.seed).shuffle(seqs)
     return seqs
+
+
+def _check_data_numbers(args: argparse.Namespace) -> list[int] | None:
+    """Refuse `hf-xpress data` options that would fail late (after hours of regeneration) or silently do something
+    else (a negative count slices from the end), naming the option; returns the parsed --layer-ids."""
+    for name, least in (("num_prompts", 0), ("skip_prompts", 0), ("num_code", 0), ("num_functions", 0),
+                        ("num_maths", 0), ("num_chat", 0), ("max_len", 1), ("max_prompt", 1), ("max_new_tokens", 1),
+                        ("batch_size", 1), ("max_batch_tokens", 1), ("threads", 0)):
+        value = getattr(args, name)
+        if value is not None and value < least:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least {least}, got {value}")
+    if args.max_seconds is not None and not args.max_seconds > 0:
+        raise ValueError(f"--max-seconds must be positive, got {args.max_seconds}")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a dataset folder")
+    layer_ids = None
+    if args.layer_ids:
+        try:
+            layer_ids = [int(x) for x in args.layer_ids.split(",")]
+        except ValueError:
+            raise ValueError(f"--layer-ids takes comma-separated layer numbers, got {args.layer_ids!r}") from None
+    if args.feature_cache and layer_ids is None:
+        raise ValueError("--feature-cache needs --layer-ids (the drafter's target_layer_ids)")
+    return layer_ids
 
 
 def data_main(args: argparse.Namespace) -> int:
     """`hf-xpress data`: collect (or regenerate) sequences, then label them with the target (resumable)."""
     from .assets import load_target
 
+    layer_ids = _check_data_numbers(args)
     torch.set_num_threads(args.threads or torch.get_num_threads())
     out = Path(args.out)
     target, tokenizer = load_target(args.target, dtype=getattr(torch, args.dtype))
+    depth = target.config.get_text_config().num_hidden_layers
+    beyond = [i for i in layer_ids or [] if not 0 <= i < depth]
+    if beyond:  # before any collection: label_dataset checks again for its other callers
+        raise ValueError(f"--layer-ids {beyond} are outside the target's {depth} layers (ids are 0-based).")
     if target.device.type == "cpu":
         keep_freed_memory()  # the labelling forwards' hidden states, as the trainer's score tensors
     if args.extend:
         if not (out / "manifest.json").exists():
             raise SystemExit(f"--extend: {out} holds no dataset to extend (no manifest.json)")
-        record = {"sources": args.source, "seed": args.seed, "num_prompts": args.num_prompts,
+        _check_dataset_target(args, Dataset.load(out).manifest, target.config.get_text_config().vocab_size)
+        record = {"sources": args.source, "target": args.target, "seed": args.seed, "num_prompts": args.num_prompts,
                   "skip_prompts": args.skip_prompts, "num_code": args.num_code, "num_functions": args.num_functions,
                   "num_maths": args.num_maths, "num_chat": args.num_chat, "label_dtype": args.dtype}
         added = extend_sequences(out, collect_sequences(args, target, tokenizer, out), record)
@@ -966,18 +1088,15 @@ def data_main(args: argparse.Namespace) -> int:
         write_sequences(out, seqs, manifest["vocab_size"], manifest)
     else:
         _check_resumed_dataset(args, Dataset.load(out).manifest, target.config.get_text_config().vocab_size)
-    layer_ids = [int(x) for x in args.layer_ids.split(",")] if args.layer_ids else None
-    if args.feature_cache and layer_ids is None:
-        raise SystemExit("--feature-cache needs --layer-ids (the drafter's target_layer_ids)")
     ds = label_dataset(target, out, layer_ids=layer_ids, cache_dir=args.feature_cache,
                        max_batch_tokens=args.max_batch_tokens, max_seconds=args.max_seconds)
     print(f"[data] {out}: {ds.num_sequences} sequences, {int(ds.offsets[-1])} tokens, {ds.num_labelled} labelled")
     return 0
 
 
-def _check_resumed_dataset(args: argparse.Namespace, manifest: dict, vocab_size: int) -> None:
-    """`hf-xpress data` into an existing dataset (without `--extend`) resumes its labelling: refuse a target of
-    another vocabulary, and say which of this command's collection options the existing set ignores."""
+def _check_dataset_target(args: argparse.Namespace, manifest: dict, vocab_size: int) -> None:
+    """Refuse a target of another vocabulary for an existing dataset (resuming or `--extend`ing it); warn when it is
+    another target of the same vocabulary (its labels would mix two targets')."""
     out = args.out
     if manifest.get("vocab_size", vocab_size) != vocab_size:
         raise SystemExit(f"hf-xpress data: {out} holds a dataset for a {manifest['vocab_size']}-token vocabulary "
@@ -985,9 +1104,19 @@ def _check_resumed_dataset(args: argparse.Namespace, manifest: dict, vocab_size:
     if manifest.get("target", args.target) != args.target:
         print(f"[data] warning: {out} was built with --target {manifest['target']!r}; its unlabelled sequences are "
               f"now labelled by {args.target!r}", flush=True)
+    if manifest.get("label_dtype", args.dtype) != args.dtype:
+        print(f"[data] warning: {out} was labelled in {manifest['label_dtype']}; the sequences labelled now are "
+              f"labelled in {args.dtype}", flush=True)
+
+
+def _check_resumed_dataset(args: argparse.Namespace, manifest: dict, vocab_size: int) -> None:
+    """`hf-xpress data` into an existing dataset (without `--extend`) resumes its labelling: refuse a target of
+    another vocabulary, and say which of this command's collection options the existing set ignores."""
+    out = args.out
+    _check_dataset_target(args, manifest, vocab_size)
     ignored = [f"--{k.replace('_', '-')} {getattr(args, k)!r} (the set has {manifest[k]!r})"
                for k in ("seed", "max_len", "max_prompt", "num_prompts", "skip_prompts", "num_code",
-                         "num_functions", "num_maths", "num_chat")
+                         "num_functions", "num_maths", "num_chat", "max_new_tokens", "do_sample")
                if k in manifest and getattr(args, k, None) != manifest[k]]
     if manifest.get("sources") not in (None, args.source):
         ignored.insert(0, f"--source {args.source!r} (the set has {manifest['sources']!r})")
@@ -1700,7 +1829,8 @@ class Trainer:
         self.cache = None
         if cfg.feature_cache:
             width = (len(self.drafter.config.target_layer_ids) + 1) * self.drafter.config.hidden_size
-            cache = FeatureCache(cfg.feature_cache, int(self.data.offsets[-1]), width, self.drafter.config.target_layer_ids)
+            cache = FeatureCache(cfg.feature_cache, int(self.data.offsets[-1]), width, self.drafter.config.target_layer_ids,
+                                 data=self.data)
             if cache.num_done >= self.num_sequences:
                 self.cache = cache
                 self._release_target_layers()

@@ -806,11 +806,17 @@ def test_data_into_an_existing_dataset_names_what_it_ignores(tmp_path, capsys):
     manifest = {"target": "smollm2-135m-instruct", "sources": "sharegpt,stdlib", "seed": 0, "num_prompts": 1500,
                 "vocab_size": V}
     args = argparse.Namespace(out="data/x", target="smollm2-135m-instruct", source="regen-sharegpt", seed=0,
-                              num_prompts=100, max_len=512)
+                              num_prompts=100, max_len=512, dtype="float32")
     T._check_resumed_dataset(args, manifest, V)
     said = capsys.readouterr().out
     assert "resuming its labelling; ignored: --source 'regen-sharegpt' (the set has 'sharegpt,stdlib'); " in said
     assert "--num-prompts 100 (the set has 1500)" in said and "--seed" not in said
+    regen = dict(manifest, max_new_tokens=256, do_sample=False, label_dtype="float32")
+    T._check_resumed_dataset(argparse.Namespace(**{**vars(args), "max_new_tokens": 64, "do_sample": True,
+                                                   "dtype": "bfloat16"}), regen, V)
+    said = capsys.readouterr().out
+    assert "--max-new-tokens 64 (the set has 256)" in said and "--do-sample True (the set has False)" in said
+    assert "was labelled in float32; the sequences labelled now are labelled in bfloat16" in said
     T._check_resumed_dataset(argparse.Namespace(**{**vars(args), "source": "sharegpt,stdlib", "num_prompts": 1500}),
                              manifest, V)
     assert capsys.readouterr().out == ""  # the same command: nothing to say
@@ -823,7 +829,8 @@ def test_jsonl_rows_are_checked_with_their_line(tmp_path):
     path.write_text('{"prompt": "hi"}\n\n{"messages": [{"role": "user", "content": "a"}, '
                     '{"role": "assistant", "content": "b"}]}\n{"text": "no prompt"}\n')
     rows = T.jsonl_exchanges(str(path), None)
-    assert next(rows) == ("rows/1", [{"role": "user", "content": "hi"}])
+    ident, messages = next(rows)
+    assert ident.startswith("rows/") and messages == [{"role": "user", "content": "hi"}]
     assert next(rows)[1][-1] == {"role": "assistant", "content": "b"}
     with pytest.raises(ValueError, match=r"rows.jsonl:4: expected \{"):
         next(rows)
@@ -836,18 +843,7 @@ def test_jsonl_rows_are_checked_with_their_line(tmp_path):
 
 
 def test_data_command_writes_a_dataset_that_loads(tmp_path):
-    class Tok:  # minimal chat tokenizer: one id per character
-        chat_template = "x"
-        eos_token_id = None
-        pad_token_id = 0
-
-        def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
-            text = "".join(f"<{m['role'][0]}>{m['content']}" for m in messages)
-            return text + ("<a>" if add_generation_prompt else "")
-
-        def __call__(self, text, add_special_tokens=False):
-            return {"input_ids": [3 + ord(c) % (V - 4) for c in text]}
-
+    Tok = _CharTok  # noqa: N806
     target = tiny_llama()
     jsonl = tmp_path / "chats.jsonl"
     rows = [{"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": "answer " * (i + 3)}]}
@@ -1492,3 +1488,141 @@ def test_two_processes_skip_a_step_that_is_not_finite_on_one_of_them(two_process
     ranks = [json.loads((tmp_path / "run" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["state"]["skipped"] for r in ranks] == [1, 1] and [r["state"]["step"] for r in ranks] == [6, 6]
     assert ranks[0]["weights"] == ranks[1]["weights"]
+
+
+
+# ---- `hf-xpress data`: bad input and data that must not be mixed (from a review) -----------------------------------
+
+
+class _CharTok:
+    """Minimal chat tokenizer: one id per character."""
+
+    chat_template = "x"
+    eos_token_id = None
+    pad_token_id = 0
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        text = "".join(f"<{m['role'][0]}>{m['content']}" for m in messages)
+        return text + ("<a>" if add_generation_prompt else "")
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [3 + ord(c) % (V - 4) for c in text]}
+
+
+def _data_args(tmp_path: Path, **kw) -> list[str]:
+    args = {"--target": str(tmp_path / "no-such-target"), "--out": str(tmp_path / "ds"), **kw}
+    return ["data", *[x for k, v in args.items() for x in ((k,) if v is None else (k, str(v)))]]
+
+
+def test_data_options_are_checked_before_any_model_loads(tmp_path, capsys):
+    from hf_xpress.cli import main as cli_main
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for flags, message in [
+        ({"--num-functions": -1115}, "--num-functions must be at least 0, got -1115"),
+        ({"--num-prompts": -2}, "--num-prompts must be at least 0"),
+        ({"--skip-prompts": -3}, "--skip-prompts must be at least 0, got -3"),
+        ({"--batch-size": 0}, "--batch-size must be at least 1"),
+        ({"--threads": -1}, "--threads must be at least 0"),
+        ({"--max-len": -1}, "--max-len must be at least 1"),
+        ({"--max-seconds": 0}, "--max-seconds must be positive"),
+        ({"--out": afile}, f"--out {afile} is a file"),
+        ({"--layer-ids": "a,b"}, "--layer-ids takes comma-separated layer numbers, got 'a,b'"),
+        ({"--feature-cache": tmp_path / "fc"}, "--feature-cache needs --layer-ids"),
+    ]:
+        assert cli_main(_data_args(tmp_path, **flags)) == 2, flags
+        assert message in capsys.readouterr().err, flags
+
+
+def test_jsonl_sources_name_bad_files_and_their_lines(tmp_path):
+    with pytest.raises(ValueError, match="is a folder, not a jsonl file"):
+        list(T.jsonl_exchanges(str(tmp_path), None))
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match="latin.jsonl:2: not UTF-8 text"):
+        list(T.jsonl_exchanges(str(latin), None))
+
+
+def _collect_args(source: str, **kw) -> argparse.Namespace:
+    return argparse.Namespace(**{"source": source, "num_prompts": None, "skip_prompts": 0, "num_code": 0,
+                                 "max_len": 64, "max_prompt": 48, "max_new_tokens": 8, "batch_size": 2,
+                                 "do_sample": False, "seed": 0, **kw})
+
+
+def test_data_sources_leave_out_benchmark_questions_and_name_empty_results(tmp_path, capsys):
+    """Never train on the evaluation sets: a user's file holding an MT-Bench question (any case and spacing, inside
+    a longer message) loses that row; an empty result says why."""
+    from hf_xpress.assets import _mtbench_rows
+
+    question = next(_mtbench_rows())["turns"][0]
+    rows = [{"messages": [{"role": "user", "content": "Please answer:\n" + question.upper().replace(" ", "   ")},
+                          {"role": "assistant", "content": "an answer " * 3}]},
+            {"messages": [{"role": "user", "content": "a question of my own"},
+                          {"role": "assistant", "content": "an answer " * 3}]}]
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("\n".join(json.dumps(r) for r in rows))
+    seqs = T.collect_sequences(_collect_args(f"jsonl:{chats}", max_prompt=4000, max_len=4096), None, _CharTok(),
+                               tmp_path / "ds")
+    assert len(seqs) == 1 and "left out 1 prompts that hold a question of the benchmark sets" in capsys.readouterr().out
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="the sources gave no sequences"):
+        T.collect_sequences(_collect_args(f"jsonl:{empty}"), None, _CharTok(), tmp_path / "ds")
+    with pytest.raises(ValueError, match="all 2 sequences were filtered out .* --max-prompt 2"):
+        T.collect_sequences(_collect_args(f"jsonl:{chats}", max_prompt=2), None, _CharTok(), tmp_path / "ds")
+    twins = tmp_path / "twins.jsonl"
+    twins.write_text("\n".join(json.dumps({"id": "same", "messages": [{"role": "user", "content": f"mine {i}"},
+                                                                       {"role": "assistant", "content": "yes " * 5}]})
+                                for i in range(2)))
+    with pytest.raises(ValueError, match="id 'same' names two different sequences"):
+        T.collect_sequences(_collect_args(f"jsonl:{twins}", max_prompt=4000, max_len=4096), None, _CharTok(),
+                            tmp_path / "ds")
+
+
+def test_extend_takes_another_files_rows_and_refuses_another_vocabulary(tmp_path, monkeypatch, capsys):
+    """Rows without ids from two files of one name are all appended (line-number ids made --extend take the second
+    file's rows for the first's); --extend with a target of another vocabulary is refused like a resume."""
+    import hf_xpress.assets as assets
+
+    target = tiny_llama()
+    monkeypatch.setattr(assets, "load_target", lambda name, dtype=None, **kw: (target, _CharTok()))
+    for folder, word in (("a", "first"), ("b", "second")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "chats.jsonl").write_text("\n".join(json.dumps(
+            {"messages": [{"role": "user", "content": f"{word} question {i}"},
+                          {"role": "assistant", "content": "an answer " * 3}]}) for i in range(3)))
+    parser = argparse.ArgumentParser()
+    T.add_data_parser(parser.add_subparsers())
+    base = ["data", "--out", str(tmp_path / "ds"), "--max-len", "64", "--max-prompt", "48"]
+    T.data_main(parser.parse_args([*base, "--source", f"jsonl:{tmp_path / 'a' / 'chats.jsonl'}"]))
+    T.data_main(parser.parse_args([*base, "--extend", "--source", f"jsonl:{tmp_path / 'b' / 'chats.jsonl'}"]))
+    assert "--extend: 3 new sequences appended" in capsys.readouterr().out
+    assert T.Dataset.load(tmp_path / "ds").num_sequences == 6
+    target.config.vocab_size = V + 1
+    with pytest.raises(SystemExit, match="a dataset for a 128-token vocabulary .* has 129 tokens"):
+        T.data_main(parser.parse_args([*base, "--extend", "--source", f"jsonl:{tmp_path / 'b' / 'chats.jsonl'}"]))
+
+
+def test_a_feature_cache_of_other_data_is_refused(tmp_path):
+    """The cache records a hash of the tokens it covers: another dataset's cache (here a smaller one, which looked
+    like an extension and was grown, keeping the other data's rows) is refused; an extension of its own data grows it."""
+    target = tiny_llama()
+    make_dataset(tmp_path / "small", target, num_seqs=6, seed=1)
+    T.label_dataset(target, tmp_path / "small", layer_ids=[1, 4], cache_dir=str(tmp_path / "cache"), chunk=4,
+                    max_batch_tokens=128)
+    make_dataset(tmp_path / "large", target, num_seqs=10, seed=2)
+    ds = T.Dataset.load(tmp_path / "large")
+    with pytest.raises(ValueError, match="holds the features of other data"):
+        T.label_dataset(target, tmp_path / "large", layer_ids=[1, 4], cache_dir=str(tmp_path / "cache"), chunk=4,
+                        max_batch_tokens=128)
+    with pytest.raises(ValueError, match="holds the features of other data"):
+        T.FeatureCache(tmp_path / "cache", int(T.Dataset.load(tmp_path / "small").offsets[-1]), 3 * 64, [1, 4],
+                       data=T.Dataset.load(tmp_path / "large"))
+    small = T.Dataset.load(tmp_path / "small")
+    T.extend_sequences(tmp_path / "small", [("n1", [7, 8, 9] * 10, 3)], {"sources": "more"})
+    grown = T.label_dataset(target, tmp_path / "small", layer_ids=[1, 4], cache_dir=str(tmp_path / "cache"), chunk=4,
+                            max_batch_tokens=128)
+    assert grown.num_sequences == small.num_sequences + 1 and int(ds.offsets[-1]) > 0
+    cache = T.FeatureCache(tmp_path / "cache", int(grown.offsets[-1]), 3 * 64, [1, 4], data=grown)
+    assert cache.num_done == grown.num_sequences

@@ -2398,7 +2398,10 @@ def measure_tau(target: Any, tokenizer: Any, drafter: XPressDrafterModel, sets: 
         accepted, rounds, per_prompt, identical, new_tokens = 0, 0, [], 0, 0
         slot_hits = [0] * (drafter.config.block_size - 1)
         start = time.time()
-        for record in _tau_prompts(name, limit, skip):
+        records = _tau_prompts(name, limit, skip)
+        if not records:
+            raise ValueError(f"{name}: no prompts after the first {skip} (--skip) to measure on")
+        for record in records:
             ids = torch.tensor([apply_chat_template(tokenizer, record)])
             if reference is not None and record.id in reference.get(name, {}):
                 plain = reference[name][record.id]
@@ -2442,12 +2445,18 @@ def tau_main(args: argparse.Namespace) -> int:
                          "plain greedy outputs only")
     if args.tree_budget and not args.tree:
         raise SystemExit("--tree-budget needs --tree W (the dynamic tree's expansion width)")
+    for flag, value, least in (("--limit", args.limit, 1), ("--skip", args.skip, 0), ("--threads", args.threads, 0),
+                               ("--max-new-tokens", args.max_new_tokens, 1), ("--lookup", args.lookup, 1)):
+        if value is not None and value < least:
+            raise ValueError(f"{flag} must be at least {least}, got {value}")
+    if args.out and Path(args.out).is_dir():  # before the measurement, not after it
+        raise ValueError(f"--out {args.out} is a folder; give the json file to write")
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = {"target": args.target, "max_new_tokens": args.max_new_tokens, "skip": args.skip}
     reference = None
     if args.reference and Path(args.reference).exists():  # before loading any model: a mismatch fails fast
-        reference = json.loads(Path(args.reference).read_text())
+        reference = _read_json_object(Path(args.reference), "--reference")
         made = reference.get("_settings")  # absent in files written before it was recorded
         if made is not None and made != settings:
             raise SystemExit(f"hf-xpress tau: {args.reference} holds plain greedy outputs for {made}, not {settings}; "
@@ -2461,25 +2470,53 @@ def tau_main(args: argparse.Namespace) -> int:
         _write_atomic(Path(args.reference), json.dumps(reference))
     if args.drafter is None:
         return 0
-    drafter = XPressDrafterModel.from_pretrained(args.drafter, dtype=torch.float32).eval()
+    try:
+        drafter = XPressDrafterModel.from_pretrained(args.drafter, dtype=torch.float32).eval()
+    except OSError as err:  # a missing folder reads as a malformed Hub id
+        raise ValueError(f"--drafter {args.drafter}: not a saved drafter folder or Hub id ({err})") from err
     passes = [] if args.passes is None else [f"jacobi_passes={args.passes}"]
     apply_inference_settings(drafter.config, passes + (args.set or []))
+    c = drafter.config  # every inference setting the figures depend on, as they are before generation (a heuristic
+    setup = {"drafter": args.drafter, "drafter_sha256": _weights_hash(Path(args.drafter)),  # schedule changes some)
+             "refiner": c.refiner, "target": args.target, "target_dtype": "float32", "greedy": True,
+             "max_new_tokens": args.max_new_tokens, "limit": args.limit, "skip": args.skip,
+             "jacobi_passes": c.jacobi_passes, "jacobi_early_stop": c.jacobi_early_stop,
+             "num_assistant_tokens": c.num_assistant_tokens,
+             "num_assistant_tokens_schedule": c.num_assistant_tokens_schedule,
+             "assistant_confidence_threshold": c.assistant_confidence_threshold,
+             "refiner_shortlist": c.refiner_shortlist, "draft_vocab_size": c.draft_vocab_size,
+             "tree_width": args.tree, "tree_budget": args.tree_budget, "tree_temperature": c.tree_temperature,
+             "prompt_lookup": args.lookup, "lookup_branch": bool(args.lookup and args.tree)}
     res = measure_tau(target, tokenizer, drafter, sets, args.limit, args.max_new_tokens, reference, args.tree,
                       args.tree_budget, args.lookup, args.skip)
-    c = drafter.config  # every inference setting the figures depend on (the drafter's own defaults are used)
-    res["_setup"] = {"drafter": args.drafter, "refiner": c.refiner, "target": args.target, "target_dtype": "float32",
-                     "greedy": True,
-                     "max_new_tokens": args.max_new_tokens, "limit": args.limit, "skip": args.skip,
-                     "jacobi_passes": c.jacobi_passes,
-                     "jacobi_early_stop": c.jacobi_early_stop, "num_assistant_tokens": c.num_assistant_tokens,
-                     "assistant_confidence_threshold": c.assistant_confidence_threshold,
-                     "refiner_shortlist": c.refiner_shortlist, "draft_vocab_size": c.draft_vocab_size,
-                     "tree_width": args.tree, "tree_budget": args.tree_budget, "tree_temperature": c.tree_temperature,
-                     "prompt_lookup": args.lookup,
-                     "lookup_branch": bool(args.lookup and args.tree)}
+    res["_setup"] = setup
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
     return 0
+
+
+def _weights_hash(folder: Path) -> str | None:
+    """sha256 of a local drafter folder's `model.safetensors` (None for a Hub id or another layout): what `ship` checks
+    a measurement against."""
+    weights = folder / "model.safetensors"
+    if not weights.is_file():
+        return None
+    digest = hashlib.sha256()
+    with open(weights, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_json_object(path: Path, flag: str) -> dict:
+    """A json file holding an object, or a one-line error naming `flag` and the file."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{flag} {path}: not a readable json file ({err})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag} {path}: holds a json {type(value).__name__}, not the object this command writes")
+    return value
 
 
 def add_tau_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -2604,8 +2641,12 @@ def ship_main(args: argparse.Namespace) -> int:
     if not (src / "config.json").exists():
         saved = sorted(p.name for p in run.glob("*") if (p / "config.json").exists()) if run.is_dir() else []
         raise SystemExit(f"ship: {src} is not a saved drafter (the run's saved drafters: {', '.join(saved) or 'none'})")
-    if src.resolve().is_relative_to(final_out.resolve()):
-        raise SystemExit(f"ship: --out {final_out} holds the run's checkpoint {src}; ship to another folder")
+    if src.resolve().is_relative_to(final_out.resolve()) or final_out.resolve().is_relative_to(src.resolve()):
+        raise SystemExit(f"ship: --out {final_out} holds or lies inside the run's checkpoint {src}; ship to another "
+                         "folder")
+    if final_out.exists() and (not final_out.is_dir() or (any(final_out.iterdir()) and not _is_shipped(final_out))):
+        raise ValueError(f"ship: --out {final_out} is a file or a folder that holds something other than a shipped "
+                         "drafter; ship into a new folder (a shipped drafter's folder is replaced)")
     out = final_out.with_name(final_out.name + ".tmp")
     if out.exists():
         shutil.rmtree(out)
@@ -2618,6 +2659,18 @@ def ship_main(args: argparse.Namespace) -> int:
     _replace_folder(out, final_out)
     print(f"[ship] {final_out}: {sum(f.stat().st_size for f in final_out.iterdir()) / 1e6:.1f} MB")
     return 0
+
+
+def _is_shipped(folder: Path) -> bool:
+    """Whether `folder` holds a drafter folder (what `ship` may replace): an `xpress_drafter` config.json."""
+    try:
+        return json.loads((folder / "config.json").read_text()).get("model_type") == "xpress_drafter"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+SET_NAMES = {"humaneval": "HumanEval", "mtbench": "MT-Bench turn 1", "mtbench2": "MT-Bench turn 2",
+             "math500": "MATH-500 from MMATH", "aime2024": "AIME 2024 from MMATH", "aime2025": "AIME 2025 from MMATH"}
 
 
 def _ship_card(args: argparse.Namespace, run: Path, out: Path, name: str) -> None:
@@ -2648,22 +2701,35 @@ def _ship_card(args: argparse.Namespace, run: Path, out: Path, name: str) -> Non
     results: dict[str, dict[str, float]] = {}
     identical: list[str] = []
     settings: list[str] = []
-    measured_with: dict[tuple, list[str]] = {}  # (prompts per set, new tokens) -> the tau files measured so
+    measured_with: dict[tuple, list[str]] = {}  # (prompts per set, new tokens, skip, prompts) -> the tau files
+    skip = 0
+    this_method, this_weights = METHOD_NAMES.get(cfg["refiner"]), _weights_hash(run / args.checkpoint)
     for item in args.tau or []:
-        method, _, path = item.partition("=")
-        measured = json.loads(Path(path).read_text())
+        method, sep, path = item.partition("=")
+        if not sep or not method or not path:
+            raise ValueError(f"ship: --tau takes METHOD=tau.json (e.g. '+ xPress=tau.json'), got {item!r}")
+        measured = _read_json_object(Path(path), "--tau")
+        rows = {k: v for k, v in measured.items() if not k.startswith("_")}
+        if not rows or not all(isinstance(v, dict) and {"tau", "prompts", "identical_to_greedy"} <= set(v)
+                                for v in rows.values()):
+            raise ValueError(f"ship: --tau {path} is not a measurement written by `tau --drafter ... --out` (a greedy "
+                             "--reference file?)")
         setup = measured.get("_setup", {})
+        recorded = setup.get("drafter_sha256")
+        if method == this_method and recorded and this_weights and recorded != this_weights:
+            raise ValueError(f"ship: --tau {item!r} measured {setup.get('drafter')}, not this run's {args.checkpoint} "
+                             f"checkpoint (other weights); measure the shipped checkpoint or name the column otherwise")
         args.limit, args.max_new_tokens = setup.get("limit", args.limit), setup.get("max_new_tokens", args.max_new_tokens)
-        measured_with.setdefault((args.limit, args.max_new_tokens), []).append(path)
+        skip = setup.get("skip", 0)
+        prompts = tuple(sorted((k, v["prompts"]) for k, v in rows.items()))
+        measured_with.setdefault((args.limit, args.max_new_tokens, skip, prompts), []).append(path)
         if len(measured_with) > 1:  # the card's table states one protocol for every column
             raise SystemExit("ship: the --tau files were measured on different prompts or lengths (prompts per set, "
-                             f"new tokens: {measured_with}); measure every drafter alike")
+                             f"new tokens, skipped, sets: {measured_with}); measure every drafter alike")
         settings.append(f"{method}: {describe_inference_setup(setup)}")
-        for name, row in measured.items():
-            if name.startswith("_"):
-                continue
-            results.setdefault(name, {})[method] = row["tau"]
-            identical.append(f"{method} / {name}: {row['identical_to_greedy']}/{row['prompts']}")
+        for set_name, row in rows.items():
+            results.setdefault(set_name, {})[method] = row["tau"]
+            identical.append(f"{method} / {set_name}: {row['identical_to_greedy']}/{row['prompts']}")
     best = max(history, key=lambda e: e["tau_est"]) if history else None
     refiner = cfg["refiner"]
     from .assets import GGUF_MODELS, SMOLLM2
@@ -2679,7 +2745,7 @@ Trained with `hf-xpress train` (see `scripts/` and `docs/training.md` in the hf-
   `{manifest['sources']}`, seed {manifest['seed']}: {describe_sources(manifest)}; chat template applied, max {manifest['max_len']} tokens), labelled by
   one teacher-forced target forward (targets = the target's own next-token distribution and argmax at each
   position).{extended} Every {cfg['heldout_every']}th sequence held out ({min(cfg['heldout_seqs'], len(heldout))} used for evaluation).
-- **Drafter**: {cfg['layers']} layers, target layers {cfg['layer_ids']}, block {cfg['block_size']}, refiner
+- **Drafter**: {cfg['layers']} layers, target layers {list(XPressDrafterConfig.from_pretrained(out).target_layer_ids)}, block {cfg['block_size']}, refiner
   `{refiner}` (rank {cfg['refiner_rank']}); {_count_parameters(out) / 1e6:.2f}M parameters stored as bf16 safetensors.
 - **Objective**: {'dFlash CE against the target argmax' if refiner is None else ('teacher-forced + 0.6 x drafter-anchor' if refiner == 'markov' else 'teacher-forced + 0.3 x mean of 3 free-running Jacobi rounds + 0.6 x drafter-anchor')}{'' if refiner is None else f", each {cfg.get('ce_weight', 0.1)} x CE + {cfg.get('tv_weight', 0.9)} x TV(q, p_target)"}, slot weights exp(-(k-1)/{cfg['gamma']}).
   Losses over the {cfg['train_vocab'] or 'full'} most frequent target labels of the training split (training vocabulary; the
@@ -2700,14 +2766,36 @@ correct drafts):
     if results:
         from .hub import results_table
 
+        counts = dict(next(iter(measured_with))[3])
+        which = (f"the first {args.limit}" if not skip else f"{args.limit} after the first {skip}")
+        sets = ", ".join(f"{SET_NAMES.get(k, k)}: {counts[k]}" for k in results)
         results_md = (results_table(results) + "\n\ntau = accepted drafts per round + 1, pooled over rounds; greedy, fp32 target, "
-                      f"`max_new_tokens` {args.max_new_tokens}, first {args.limit} prompts of each set "
-                      "(HumanEval, MT-Bench turn 1, MATH-500 from MMATH), each drafter at the settings it was measured "
-                      "with (" + "; ".join(settings) + "). Outputs identical to plain greedy `generate`: "
-                      + "; ".join(identical) + ".")
+                      f"`max_new_tokens` {args.max_new_tokens}, {which} prompts of each set (prompts measured: {sets}), "
+                      "each drafter at the settings it was measured with (" + "; ".join(settings)
+                      + "). Outputs identical to plain greedy `generate`: " + "; ".join(identical) + ".")
+    limitations = args.limitations
+    if limitations is None:  # from this run's own facts
+        limitations = _default_limitations(cfg, state, identical)
     write_model_card(out, target=target_name,
                      repo_id=f"hf-xpress/{name}", training=training, results=results_md,
-                     limitations=args.limitations)
+                     limitations=limitations)
+
+
+def _default_limitations(cfg: dict, state: dict, identical: list[str]) -> str:
+    """The model card's limitations, stated from the run: its device, training vocabulary and exactness checks."""
+    text = (f"A reference drafter trained on a small budget ({_training_device(cfg, state)}; data and budget above): tau "
+            "is far below what dFlash / xPress reach on GPUs with ~800K regenerated samples. More labelled data, more "
+            "steps and a larger drafter are where the next gains are.")
+    if cfg.get("train_vocab"):
+        text += f" Trained with a {cfg['train_vocab']:,}-token training vocabulary (see above)."
+    if identical:
+        counts = [tuple(int(x) for x in entry.rsplit(": ", 1)[1].split("/")) for entry in identical]
+        same, total = sum(a for a, _ in counts), sum(b for _, b in counts)
+        text += (f" Output is exactly the target's by construction; measured above: {same} of {total} greedy outputs "
+                 "identical to plain `generate` (fp32 target).")
+    else:
+        text += " Output is exactly the target's by construction; not measured for this folder yet."
+    return text + " In bf16 a 16-token verify forward can round near-ties differently from one-token decoding."
 
 
 SOURCE_DESCRIPTIONS = {
@@ -2763,6 +2851,12 @@ def describe_inference_setup(setup: dict) -> str:
         return "settings not recorded: the run's own config, every draft of the block submitted"
     n = setup["num_assistant_tokens"]
     words = [f"{n} drafts per round" if n else "every draft of the block"]
+    if setup.get("tree_width"):
+        depth = f"{n} deep" if n else "as deep as the block"
+        words[0] = (f"dynamic tree of {setup['tree_budget']} draft nodes (width {setup['tree_width']}, {depth})"
+                    if setup.get("tree_budget") else f"tree of {setup['tree_width']} slot-1 branches, {depth}")
+    if setup.get("num_assistant_tokens_schedule") not in (None, "constant"):
+        words.append(f"{setup['num_assistant_tokens_schedule']} draft-count schedule")
     if setup.get("refiner") == "xpress":
         words.append(f"K = {setup['jacobi_passes']}{' with early stop' if setup.get('jacobi_early_stop') else ''}")
     if setup.get("refiner_shortlist"):
@@ -2771,6 +2865,9 @@ def describe_inference_setup(setup: dict) -> str:
         words.append(f"confidence threshold {setup['assistant_confidence_threshold']}")
     if setup.get("draft_vocab_size"):
         words.append(f"draft vocabulary {setup['draft_vocab_size']}")
+    if setup.get("prompt_lookup"):
+        words.append(f"prompt lookup ({setup['prompt_lookup']} tokens) "
+                     + ("as a branch of the tree" if setup.get("lookup_branch") else "tried first"))
     return ", ".join(words)
 
 
@@ -2838,13 +2935,9 @@ def add_ship_parser(subparsers: Any) -> argparse.ArgumentParser:
                    f"(repeatable; KEY one of {', '.join(INFERENCE_SETTINGS)})")
     p.add_argument("--limit", type=int, default=10)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--limitations", default=(
-        "A reference drafter trained on a small CPU budget (2 shared cores; data and budget above): tau is far below "
-        "what dFlash / xPress reach on GPUs with ~800K regenerated samples. More labelled data (volume was the binding "
-        "constraint), more steps and a larger drafter are where the next gains are. Trained with an 8,192-token "
-        "training vocabulary (see above). Output is always exactly the target's (verified: greedy outputs identical "
-        "to plain `generate` on every measured prompt, fp32 target); in bf16 a 16-token verify forward can round "
-        "near-ties differently from one-token decoding."))
+    p.add_argument("--limitations", default=None,
+                   help="the model card's limitations (default: stated from the run's device, training vocabulary and "
+                   "the --tau files' exactness counts)")
     p.set_defaults(func=ship_main)
     return p
 

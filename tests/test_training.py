@@ -1025,14 +1025,62 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
     assert sorted(p.name for p in tmp_path.glob("shipped*")) == ["shipped"]
     with pytest.raises(SystemExit, match=r"run/last is not a saved drafter \(the run's saved drafters: best, final\)"):
         T.ship_main(argparse.Namespace(**{**vars(args), "checkpoint": "last"}))
-    with pytest.raises(SystemExit, match="holds the run's checkpoint"):
+    with pytest.raises(SystemExit, match="holds or lies inside the run's checkpoint"):
         T.ship_main(argparse.Namespace(**{**vars(args), "out": str(tmp_path / "run")}))
     longer = tmp_path / "tau-longer.json"
     longer.write_text(json.dumps({"_setup": {"limit": 2, "max_new_tokens": 64}, "humaneval": {"tau": 1.4,
                                   "identical_to_greedy": 2, "prompts": 2}}))
-    with pytest.raises(SystemExit, match=r"measured on different prompts or lengths .*\(2, 16\).*\(2, 64\)"):
+    with pytest.raises(SystemExit, match=r"measured on different prompts or lengths .*\(2, 16, 0, .*\(2, 64, 0, "):
         T.ship_main(argparse.Namespace(**{**vars(args), "tau": [f"old={tau}", f"longer={longer}"]}))
     assert (out / "README.md").read_text() == card and (tmp_path / "run" / "best" / "config.json").exists()
+
+    # from a review: the card's name, layers, protocol and limitations come from this run and its measurements
+    assert "hf-xpress/shipped" in card and "_setup" not in card
+    assert f"target layers {list(loaded.config.target_layer_ids)}, block" in card
+    skipped = tmp_path / "tau-skip.json"
+    skipped.write_text(json.dumps({"_setup": {"limit": 3, "max_new_tokens": 16, "skip": 4}, "mtbench": {
+        "tau": 1.3, "identical_to_greedy": 2, "prompts": 2}}))
+    T.ship_main(argparse.Namespace(**{**vars(args), "tau": [f"+ xPress={skipped}"], "limitations": None, "set": None}))
+    card = (out / "README.md").read_text()
+    assert "3 after the first 4 prompts of each set (prompts measured: MT-Bench turn 1: 2)" in card
+    assert "2 of 2 greedy outputs identical to plain `generate`" in card and "training vocabulary (see" not in card
+    assert "2 shared cores" not in card and "1 CPU thread" in card
+    other = tmp_path / "tau-other.json"
+    other.write_text(json.dumps({"_setup": {"limit": 3, "max_new_tokens": 16, "drafter": "elsewhere",
+                                            "drafter_sha256": "0" * 64},
+                                 "mtbench": {"tau": 1.7, "identical_to_greedy": 2, "prompts": 2}}))
+    with pytest.raises(ValueError, match="measured elsewhere, not this run's best checkpoint"):
+        T.ship_main(argparse.Namespace(**{**vars(args), "tau": [f"+ xPress={other}"]}))
+    T.ship_main(argparse.Namespace(**{**vars(args), "tau": [f"dFlash={other}"]}))  # another drafter's column: fine
+    reference = tmp_path / "reference.json"
+    reference.write_text(json.dumps({"_settings": {}, "humaneval": {"p": [1, 2]}}))
+    listed = tmp_path / "list.json"
+    listed.write_text("[]")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    for tau_arg, message in ((str(tau), "--tau takes METHOD=tau.json"), (f"x={reference}", "a greedy --reference file"),
+                             (f"x={listed}", "holds a json list"), (f"x={broken}", f"--tau {broken}: not a readable json")):
+        with pytest.raises(ValueError, match=message):
+            T.ship_main(argparse.Namespace(**{**vars(args), "tau": [tau_arg]}))
+    mine = tmp_path / "mydocs"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("important")
+    with pytest.raises(ValueError, match="holds something other than a shipped drafter"):
+        T.ship_main(argparse.Namespace(**{**vars(args), "out": str(mine)}))
+    assert (mine / "notes.txt").read_text() == "important"
+    with pytest.raises(SystemExit, match="holds or lies inside the run's checkpoint"):
+        T.ship_main(argparse.Namespace(**{**vars(args), "out": str(tmp_path / "run" / "best" / "sub")}))
+
+
+def test_inference_setups_are_described_as_measured():
+    base = {"refiner": "xpress", "num_assistant_tokens": 4, "jacobi_passes": 2, "jacobi_early_stop": True}
+    assert T.describe_inference_setup({**base, "tree_width": 3, "tree_budget": 6, "prompt_lookup": 10,
+                                       "lookup_branch": True}) == (
+        "dynamic tree of 6 draft nodes (width 3, 4 deep), K = 2 with early stop, prompt lookup (10 tokens) as a branch "
+        "of the tree")
+    assert T.describe_inference_setup({**base, "tree_width": 3}).startswith("tree of 3 slot-1 branches, 4 deep")
+    assert T.describe_inference_setup({**base, "num_assistant_tokens_schedule": "heuristic"}) == (
+        "4 drafts per round, heuristic draft-count schedule, K = 2 with early stop")
 
 
 def test_train_neighbours_are_the_training_sequences_right_after_the_held_out_ones():
@@ -1246,6 +1294,47 @@ def test_tau_command_checks_its_arguments_before_loading_anything(tmp_path, monk
     with pytest.raises(SystemExit, match="holds plain greedy outputs for .*'max_new_tokens': 128.* not .*256"):
         T.tau_main(parser.parse_args(["tau", "--reference", str(ref), "--max-new-tokens", "256", "--drafter", "d",
                                       "--out", str(tmp_path / "tau.json")]))
+    out = ["--drafter", "d", "--out", str(tmp_path / "tau.json")]
+    for flags, message in ((["--limit", "0"], "--limit must be at least 1"), (["--skip", "-3"], "--skip must be at "
+                           "least 0"), (["--threads", "-1"], "--threads must be at least 0"),
+                           (["--lookup", "-2"], "--lookup must be at least 1")):
+        with pytest.raises(ValueError, match=message):
+            T.tau_main(parser.parse_args(["tau", *out, *flags]))
+    with pytest.raises(ValueError, match="is a folder; give the json file to write"):
+        T.tau_main(parser.parse_args(["tau", "--drafter", "d", "--out", str(tmp_path)]))
+    ref.write_text("[]")
+    with pytest.raises(ValueError, match="--reference .* holds a json list"):
+        T.tau_main(parser.parse_args(["tau", "--reference", str(ref), *out]))
+    monkeypatch.setattr(assets, "load_target", lambda *a, **k: (None, None))
+    with pytest.raises(ValueError, match="--drafter .*nowhere: not a saved drafter folder"):
+        T.tau_main(parser.parse_args(["tau", "--drafter", str(tmp_path / "nowhere"), "--out", str(tmp_path / "t.json"),
+                                      "--sets", "humaneval"]))
+
+
+def test_tau_records_the_settings_it_ran_with_and_the_weights_it_measured(tmp_path, monkeypatch):
+    """`_setup` is taken before generation (a heuristic schedule changes num_assistant_tokens as it runs) and names
+    the schedule and the weights' sha256 (what `ship` checks); a set with no prompt left is an error, not tau 1.0."""
+    from hf_xpress import assets
+
+    target = tiny_llama()
+    drafter = XPressDrafterModel.from_target(target, refiner="xpress", num_hidden_layers=1, mask_token_id=V - 1,
+                                             refiner_rank=8, block_size=4)
+    drafter.save_pretrained(tmp_path / "drafter")
+    records = [assets.PromptRecord(f"p{i}", "fake", [{"role": "user", "content": "x"}]) for i in range(2)]
+    monkeypatch.setattr(assets, "load_target", lambda *a, **k: (target, None))
+    monkeypatch.setattr(assets, "load_prompts", lambda name, limit: records[:limit])
+    monkeypatch.setattr(assets, "apply_chat_template", lambda tok, rec: [5, 9, 17, 33, 4])
+    parser = argparse.ArgumentParser()
+    T.add_tau_parser(parser.add_subparsers())
+    base = ["tau", "--drafter", str(tmp_path / "drafter"), "--sets", "fake", "--limit", "2", "--max-new-tokens", "12"]
+    T.tau_main(parser.parse_args([*base, "--out", str(tmp_path / "tau.json"), "--set", "num_assistant_tokens=2",
+                                  "--set", 'num_assistant_tokens_schedule="heuristic"']))
+    setup = json.loads((tmp_path / "tau.json").read_text())["_setup"]
+    assert setup["num_assistant_tokens"] == 2 and setup["num_assistant_tokens_schedule"] == "heuristic"
+    assert setup["drafter_sha256"] == T._weights_hash(tmp_path / "drafter")
+    with pytest.raises(ValueError, match="fake: no prompts after the first 2"):
+        T.tau_main(parser.parse_args([*base, "--skip", "2", "--out", str(tmp_path / "none.json")]))
+    assert not (tmp_path / "none.json").exists()
 
 
 def test_measure_tau_is_lossless_and_pools_rounds(monkeypatch):

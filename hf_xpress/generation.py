@@ -63,7 +63,7 @@ from transformers.generation.stopping_criteria import (
 from transformers.utils import logging
 
 from .configuration_xpress import XPressDrafterConfig
-from .modeling_xpress import check_compatible
+from .modeling_xpress import check_compatible, check_supported_target
 
 logger = logging.get_logger(__name__)
 
@@ -188,6 +188,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         `stopping_criteria`: those `generate` checks; drafts end before any token at which one fires (see
         `draft_stopping_criteria`)."""
         check_compatible(target.config, assistant_model.config)
+        check_supported_target(target)
         check_generation_options(target, generation_config)
         if jacobi_passes is not None and (isinstance(jacobi_passes, bool) or not isinstance(jacobi_passes, int)
                                           or jacobi_passes < 0):

@@ -536,6 +536,38 @@ def check_compatible(target_config, drafter_config: XPressDrafterConfig) -> None
         )
 
 
+def check_supported_target(target: PreTrainedModel) -> None:
+    """Raise a `ValueError` naming why a dFlash drafter cannot serve `target`: its decoder does not carry one hidden
+    state per token (Gemma 3n's AltUp streams), or its token embeddings and lm_head are narrower than its hidden states
+    (a projected embedding, e.g. OPT-350m's `word_embed_proj_dim`), while the drafter embeds its block with the
+    target's embeddings and reads its hidden states out through the target's lm_head."""
+    text = target.config.get_text_config()
+    streams = getattr(text, "altup_num_inputs", None)
+    if streams:
+        raise ValueError(f"{text.model_type} targets are not supported: their decoder carries {streams} hidden-state "
+                         "streams per token (AltUp), not the one hidden state a dFlash drafter reads.")
+    width = text.hidden_size
+    embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+    widths = {"token embeddings": getattr(embed, "embedding_dim", width), "lm_head": getattr(head, "in_features", width)}
+    narrower = {name: w for name, w in widths.items() if w != width}
+    if narrower:
+        raise ValueError(f"This {text.model_type} target's " + " and ".join(f"{k} are {v} wide" for k, v in narrower.items())
+                         + f" but its hidden states {width} (a projected embedding): not supported, since the drafter "
+                         "embeds its block with the target's embeddings and reads out through its lm_head.")
+
+
+def _target_field(text, name: str, default=None):
+    """`text.name`, or `default` where the config has none or holds one per layer (transformers raises for some of
+    those, e.g. Gemma 4's head_dim; a list, e.g. Gemma 3n's per-layer MLP widths, gives its largest)."""
+    try:
+        value = getattr(text, name, None)
+    except Exception:  # transformers' AmbiguousGlobalPerLayerAttributeError (a RuntimeError) and the like
+        return default
+    if isinstance(value, (list, tuple)):
+        value = max(value) if value and all(isinstance(v, int) for v in value) else None
+    return default if value is None else value
+
+
 class XPressPreTrainedModel(PreTrainedModel):
     config: XPressDrafterConfig
     config_class = XPressDrafterConfig
@@ -687,17 +719,20 @@ class XPressDrafterModel(XPressPreTrainedModel):
         Defaults: the target's width, heads, MLP size, RoPE and special tokens; 1 decoder layer per 6 target layers
         (at least 1, at most 5). Any `XPressDrafterConfig` field can be overridden.
         """
+        check_supported_target(target)
         text = target.config.get_text_config()
+        heads = text.num_attention_heads
         kwargs = dict(
             vocab_size=text.vocab_size,
             hidden_size=text.hidden_size,
             target_hidden_size=text.hidden_size,
-            intermediate_size=text.intermediate_size,
+            # GPT-2-style configs have no intermediate_size (their MLP is 4 x hidden)
+            intermediate_size=_target_field(text, "intermediate_size") or 4 * text.hidden_size,
             num_hidden_layers=max(1, min(5, text.num_hidden_layers // 6)),
-            num_attention_heads=text.num_attention_heads,
-            num_key_value_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
-            head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
-            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+            num_attention_heads=heads,
+            num_key_value_heads=_target_field(text, "num_key_value_heads", heads),
+            head_dim=_target_field(text, "head_dim", text.hidden_size // heads),
+            rms_norm_eps=_target_field(text, "rms_norm_eps", 1e-6),
             max_position_embeddings=text.max_position_embeddings,
             num_target_layers=text.num_hidden_layers,
             target_model_type=text.model_type,
@@ -708,6 +743,8 @@ class XPressDrafterModel(XPressPreTrainedModel):
             refiner=refiner,
         )
         rope = getattr(text, "rope_parameters", None)
+        if rope and all(isinstance(v, dict) for v in rope.values()):  # one per layer type (Gemma 3, OLMo 3, ...)
+            rope = rope.get("full_attention") or next(iter(rope.values()))  # the drafter's layers attend fully
         if rope:  # theta and any scaling (llama3, YaRN, ...): drafter and target rotate each position alike
             kwargs["rope_parameters"] = dict(rope)
         if "mask_token_id" not in overrides and kwargs["mask_token_id"] == text.vocab_size - 1:
@@ -1225,4 +1262,5 @@ __all__ = [
     "XPressPreTrainedModel",
     "XPressRefiner",
     "check_compatible",
+    "check_supported_target",
 ]

@@ -9,7 +9,9 @@ from transformers.cache_utils import DynamicCache
 from hf_xpress import XPressDrafterConfig, XPressDrafterModel, default_target_layer_ids
 from hf_xpress.modeling_xpress import XPressMarkovHead, XPressRefiner, _full_vocabulary
 
-from conftest import tiny_drafter, tiny_target
+from conftest import TINY, tiny_drafter, tiny_target
+
+VOCAB = TINY["vocab_size"]
 
 B = 16
 
@@ -517,3 +519,54 @@ def test_rope_frequencies_stay_float32_however_the_drafter_is_cast(tmp_path):
     drafter.half().float()  # any cast, there and back
     for name, b in drafter.rotary_emb.named_buffers():
         torch.testing.assert_close(b, reference[name], rtol=0, atol=0)
+
+
+def _tiny_architecture(kind: str):
+    """Tiny random targets of architectures whose configs differ from Llama's where `from_target` reads them."""
+    import transformers
+
+    common = dict(vocab_size=VOCAB, num_hidden_layers=4, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if kind == "gpt2":  # no intermediate_size (its MLP is 4 x hidden), no rotary embedding
+        config = transformers.GPT2Config(n_embd=64, n_head=4, **{**common, "n_layer": 4})
+    elif kind == "olmo3":  # RoPE parameters per layer type
+        config = transformers.Olmo3Config(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                          num_key_value_heads=2, **common)
+    elif kind == "gemma4":  # head_dim per layer: reading the global one raises
+        if not hasattr(transformers, "Gemma4TextConfig"):
+            pytest.skip("Gemma 4 needs a newer transformers")
+        config = transformers.Gemma4TextConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                               num_key_value_heads=2, head_dim=16, sliding_window=8, **common)
+    else:
+        raise ValueError(kind)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # a trained model's logit scale: stable argmaxes, so drafts get accepted
+        model.get_output_embeddings().weight.mul_(20.0)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "olmo3", "gemma4"])
+def test_from_target_serves_architectures_unlike_llama(kind):
+    """From a review over 62 architectures: GPT-2-style configs (no intermediate_size), RoPE per layer type (OLMo 3,
+    Gemma 3) and per-layer head_dim (Gemma 4) made from_target fail; each now builds a drafter that decodes exactly."""
+    target = _tiny_architecture(kind)
+    drafter = XPressDrafterModel.from_target(target, refiner="xpress", num_hidden_layers=1, mask_token_id=VOCAB - 1)
+    for ids in (torch.tensor([[5]]), torch.tensor([[5, 6, 7, 8, 9, 10, 11]])):
+        expected = target.generate(ids, max_new_tokens=16, do_sample=False)
+        assert torch.equal(target.generate(ids, assistant_model=drafter, max_new_tokens=16, do_sample=False), expected)
+    if kind == "olmo3":  # the full-attention layers' RoPE
+        assert drafter.config.rope_parameters == target.config.rope_parameters["full_attention"]
+
+
+def test_targets_a_drafter_cannot_serve_are_refused_with_the_reason():
+    import transformers
+
+    opt = transformers.OPTForCausalLM(transformers.OPTConfig(
+        vocab_size=VOCAB, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+        word_embed_proj_dim=32)).eval()
+    with pytest.raises(ValueError, match="token embeddings are 32 wide and lm_head are 32 wide but its hidden states 64"):
+        XPressDrafterModel.from_target(opt, mask_token_id=VOCAB - 1)
+    llama = tiny_target("llama")
+    llama.config.altup_num_inputs = 4  # what marks Gemma 3n's stacked hidden-state streams
+    with pytest.raises(ValueError, match="llama targets are not supported: their decoder carries 4 hidden-state streams"):
+        XPressDrafterModel.from_target(llama, mask_token_id=VOCAB - 1)

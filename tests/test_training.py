@@ -1493,15 +1493,14 @@ with open(f"{trainer.out}/rank{T.Trainer.rank}.json", "w") as f:
 """
 
 
-def _two_processes(*args: str, timeout: int = 240):
+def _two_processes(*args: str, workdir: Path, timeout: int = 240):
     """`python -m torch.distributed.run --standalone --nproc_per_node 2 ...` (torchrun: what `accelerate launch` runs
-    for several GPUs), gloo on the CPU; fails the test if it fails or hangs."""
+    for several GPUs), gloo on the CPU; fails the test if it fails or hangs. torchrun's own files go to `workdir`."""
+    import signal
     import subprocess
     import sys
 
-    import signal
-
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(workdir)}
     launcher = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                                  *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                 start_new_session=True)
@@ -1532,11 +1531,11 @@ def test_two_processes_train_resume_and_count_like_one(two_process_setup, tmp_pa
     process's; the learning-rate schedule advances once per step; the log is written once."""
     target_dir, data = two_process_setup
     common = ["-m", "hf_xpress.training", "train", "--target", str(target_dir), "--data", str(data), *_TWO_PROCESS_ARGS]
-    out = _two_processes(*common, "--out", str(tmp_path / "full"))
+    out = _two_processes(*common, "--out", str(tmp_path / "full"), workdir=tmp_path)
     assert out.count('[train] {"step": 1,') == 1 and out.count("[eval] step 6 ") == 1  # the main process prints
-    _two_processes(*common, "--out", str(tmp_path / "resumed"), "--stop-after-steps", "3")
+    _two_processes(*common, "--out", str(tmp_path / "resumed"), "--stop-after-steps", "3", workdir=tmp_path)
     assert not (tmp_path / "resumed" / "final").exists()
-    _two_processes(*common, "--out", str(tmp_path / "resumed"))
+    _two_processes(*common, "--out", str(tmp_path / "resumed"), workdir=tmp_path)
     full = XPressDrafterModel.from_pretrained(tmp_path / "full" / "final")
     resumed = XPressDrafterModel.from_pretrained(tmp_path / "resumed" / "final")
     for (name, a), (_, b) in zip(full.named_parameters(), resumed.named_parameters()):
@@ -1573,7 +1572,7 @@ def test_two_processes_skip_a_step_that_is_not_finite_on_one_of_them(two_process
     script = tmp_path / "nan_on_one.py"
     script.write_text(_NAN_ON_ONE_PROCESS)
     _two_processes(str(script), "--target", str(target_dir), "--data", str(data), *_TWO_PROCESS_ARGS,
-                   "--out", str(tmp_path / "run"), timeout=120)
+                   "--out", str(tmp_path / "run"), workdir=tmp_path, timeout=120)
     ranks = [json.loads((tmp_path / "run" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["state"]["skipped"] for r in ranks] == [1, 1] and [r["state"]["step"] for r in ranks] == [6, 6]
     assert ranks[0]["weights"] == ranks[1]["weights"]

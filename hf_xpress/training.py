@@ -221,10 +221,12 @@ def jsonl_exchanges(path: str, limit: int | None) -> Iterator[tuple[str, list[di
             else:
                 raise ValueError(f'{where}: expected {{"prompt": str}} or {{"messages": [...]}} (a non-empty list)')
             count += 1
-            # Without an "id": one from the row's content, so that another file's rows (another chats.jsonl) are
-            # never taken for these by `--extend`, which skips the ids a set already holds.
+            # Without an "id" (or a null one): the line and a hash of the row's content, so that another file's rows
+            # (another chats.jsonl) are never taken for these by `--extend`, which skips the ids a set already holds,
+            # and a prompt repeated on several lines (several sampled answers) keeps one id per line.
             content = hashlib.sha256(json.dumps(msgs, sort_keys=True).encode()).hexdigest()[:16]
-            yield str(row.get("id", f"{Path(path).stem}/{content}")), msgs
+            given = row.get("id")
+            yield (f"{Path(path).stem}/{lineno}:{content}" if given is None else str(given)), msgs
 
 
 def _stdlib_files() -> tuple[Path, list[str]]:
@@ -742,7 +744,8 @@ def extend_sequences(out: Path, sequences: list[tuple[str, list[int], int]], rec
     prefix, the held-out split of the existing sequences and their order are unchanged. Returns how many were added."""
     ds = Dataset.load(out)
     known = set(ds.manifest["ids"])
-    new = [seq for seq in sequences if seq[0] not in known]
+    # Sets built before jsonl ids carried a content hash hold `FILE-STEM/LINE` ids: the same rows again are known.
+    new = [seq for seq in sequences if seq[0] not in known and _legacy_jsonl_id(seq[0]) not in known]
     if not new:
         return 0
     lengths = np.array([len(ids) for _, ids, _ in new], dtype=np.int64)
@@ -759,6 +762,13 @@ def extend_sequences(out: Path, sequences: list[tuple[str, list[int], int]], rec
     manifest["extensions"] = ds.manifest.get("extensions", []) + [dict(record, sequences=len(new), tokens=int(lengths.sum()))]
     _write_atomic(out / "manifest.json", json.dumps(manifest, indent=1))  # the commit point (see Dataset.load)
     return len(new)
+
+
+def _legacy_jsonl_id(ident: str) -> str | None:
+    """`FILE-STEM/LINE` for a jsonl row id `FILE-STEM/LINE:HASH` (`jsonl_exchanges`, optionally "regen:"-prefixed), the
+    id such a row had before ids carried a content hash; None for any other id."""
+    match = re.fullmatch(r"(.*/\d+):[0-9a-f]{16}", ident)
+    return match.group(1) if match else None
 
 
 def label_batches(ds: Dataset, chunk: int, max_batch_tokens: int) -> Iterator[tuple[int, list[list[int]]]]:
@@ -2446,7 +2456,7 @@ def tau_main(args: argparse.Namespace) -> int:
     if args.tree_budget and not args.tree:
         raise SystemExit("--tree-budget needs --tree W (the dynamic tree's expansion width)")
     for flag, value, least in (("--limit", args.limit, 1), ("--skip", args.skip, 0), ("--threads", args.threads, 0),
-                               ("--max-new-tokens", args.max_new_tokens, 1), ("--lookup", args.lookup, 1)):
+                               ("--max-new-tokens", args.max_new_tokens, 1), ("--lookup", args.lookup, 0)):
         if value is not None and value < least:
             raise ValueError(f"{flag} must be at least {least}, got {value}")
     if args.out and Path(args.out).is_dir():  # before the measurement, not after it

@@ -518,19 +518,22 @@ def test_bench_rejects_bad_method_lists_before_loading_any_model(tmp_path, capsy
 
 
 def test_metric_counts_drafting_rounds_like_the_bench_and_refuses_what_it_would_truncate(monkeypatch):
-    """With `proposed`, rounds that proposed nothing are left out and prompt lookup's long rounds are accepted (the
-    README says `drafter.stats` is the input); fractional counts are refused, not truncated by the feature type."""
+    """With `proposed`, prompt lookup's long rounds are accepted (the README says `drafter.stats` is the input) and
+    every round still counts in tau, as in `drafter.stats.tau`; fractional or non-finite counts are refused, not
+    truncated by the feature type."""
     evaluate = pytest.importorskip("evaluate")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     metric = evaluate.load(str(METRIC))
     out = metric.compute(accepted=[0, 18, 0, 14, 1, 10], proposed=[0, 30, 3, 30, 2, 30], block_size=16)
-    assert out["rounds"] == 5 and out["tau"] == pytest.approx(1 + 43 / 5) and len(out["slot_acceptance"]) == 30
+    assert out["rounds"] == 6 and out["tau"] == pytest.approx(1 + 43 / 6) and len(out["slot_acceptance"]) == 30
     assert out["acceptance_rate"] == pytest.approx(43 / 95)
-    assert metric.compute(accepted=[0, 2], proposed=[0, 3], block_size=16)["tau"] == 3.0
+    assert metric.compute(accepted=[0, 2], proposed=[0, 3], block_size=16)["tau"] == 2.0
     for bad, name in (({"accepted": [1.7, 2.2], "block_size": 4}, "accepted"), ({"accepted": [1], "block_size": 4.9},
                       "block_size"), ({"accepted": [None], "block_size": 4}, "accepted"),
                       ({"accepted": [1], "block_size": None}, "block_size"),
-                      ({"accepted": [1], "proposed": [-1], "block_size": 4}, "proposed")):
+                      ({"accepted": [1], "proposed": [-1], "block_size": 4}, "proposed"),
+                      ({"accepted": [1], "block_size": float("inf")}, "block_size"),
+                      ({"accepted": [1], "proposed": [float("nan")], "block_size": 4}, "proposed")):
         with pytest.raises(ValueError, match=f"{name} takes non-negative whole numbers"):
             metric.compute(**bad)
     with pytest.raises(ValueError, match="need proposed="):

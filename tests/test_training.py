@@ -830,7 +830,14 @@ def test_jsonl_rows_are_checked_with_their_line(tmp_path):
                     '{"role": "assistant", "content": "b"}]}\n{"text": "no prompt"}\n')
     rows = T.jsonl_exchanges(str(path), None)
     ident, messages = next(rows)
-    assert ident.startswith("rows/") and messages == [{"role": "user", "content": "hi"}]
+    assert ident.startswith("rows/1:") and messages == [{"role": "user", "content": "hi"}]
+    assert T._legacy_jsonl_id(ident) == "rows/1" and T._legacy_jsonl_id("pyfunc/x.py:f") is None
+    path.write_text('{"prompt": "a", "id": null}\n{"prompt": "a"}\n')  # a null id is no id; a repeat keeps its line
+    assert [i.split(":")[0] for i, _ in T.jsonl_exchanges(str(path), None)] == ["rows/1", "rows/2"]
+    path.write_text('{"prompt": "hi"}\n\n{"messages": [{"role": "user", "content": "a"}, '
+                    '{"role": "assistant", "content": "b"}]}\n{"text": "no prompt"}\n')
+    rows = T.jsonl_exchanges(str(path), None)
+    next(rows)
     assert next(rows)[1][-1] == {"role": "assistant", "content": "b"}
     with pytest.raises(ValueError, match=r"rows.jsonl:4: expected \{"):
         next(rows)
@@ -1297,7 +1304,7 @@ def test_tau_command_checks_its_arguments_before_loading_anything(tmp_path, monk
     out = ["--drafter", "d", "--out", str(tmp_path / "tau.json")]
     for flags, message in ((["--limit", "0"], "--limit must be at least 1"), (["--skip", "-3"], "--skip must be at "
                            "least 0"), (["--threads", "-1"], "--threads must be at least 0"),
-                           (["--lookup", "-2"], "--lookup must be at least 1")):
+                           (["--lookup", "-2"], "--lookup must be at least 0")):
         with pytest.raises(ValueError, match=message):
             T.tau_main(parser.parse_args(["tau", *out, *flags]))
     with pytest.raises(ValueError, match="is a folder; give the json file to write"):
@@ -1687,6 +1694,11 @@ def test_extend_takes_another_files_rows_and_refuses_another_vocabulary(tmp_path
     T.data_main(parser.parse_args([*base, "--extend", "--source", f"jsonl:{tmp_path / 'b' / 'chats.jsonl'}"]))
     assert "--extend: 3 new sequences appended" in capsys.readouterr().out
     assert T.Dataset.load(tmp_path / "ds").num_sequences == 6
+    manifest = json.loads((tmp_path / "ds" / "manifest.json").read_text())  # a set built when ids were FILE/LINE
+    manifest["ids"] = [i.split(":")[0] for i in manifest["ids"]]
+    (tmp_path / "ds" / "manifest.json").write_text(json.dumps(manifest))
+    T.data_main(parser.parse_args([*base, "--extend", "--source", f"jsonl:{tmp_path / 'a' / 'chats.jsonl'}"]))
+    assert "--extend: 0 new sequences appended" in capsys.readouterr().out
     target.config.vocab_size = V + 1
     with pytest.raises(SystemExit, match="a dataset for a 128-token vocabulary .* has 129 tokens"):
         T.data_main(parser.parse_args([*base, "--extend", "--source", f"jsonl:{tmp_path / 'b' / 'chats.jsonl'}"]))

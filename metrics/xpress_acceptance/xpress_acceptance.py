@@ -18,6 +18,7 @@ this input.
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import datasets
@@ -31,8 +32,8 @@ Args:
     accepted (`list[int]`): accepted draft tokens per verification round, each in 0 .. block_size - 1.
     block_size (`int`, default 16): the drafter's block size B (anchor + B - 1 drafts).
     proposed (`list[int]`, optional): drafts proposed per round (B - 1 except near max_length; prompt lookup may
-        propose more). When given, `acceptance_rate` = sum(accepted) / sum(proposed) is also returned, and rounds
-        that proposed nothing are left out (drafting rounds only, as `hf-xpress bench` counts them).
+        propose more). When given, `acceptance_rate` = sum(accepted) / sum(proposed) is also returned; every round
+        still counts in tau (tokens per target forward, as `drafter.stats.tau`).
 Returns:
     tau (`float`): mean(accepted) + 1; NaN when there are no rounds.
     mean_accepted (`float`): mean(accepted).
@@ -83,10 +84,6 @@ class XpressAcceptance(evaluate.Metric):
                 raise ValueError(f"proposed has {len(proposed)} rounds, accepted has {len(accepted)}")
             if any(a > p for a, p in zip(accepted, proposed)):
                 raise ValueError("a round accepted more drafts than it proposed")
-            # Rounds that proposed nothing (prompt lookup found no match, the length limit left no room) are not
-            # drafting rounds: left out, as `hf-xpress bench` leaves them out.
-            kept = [(a, p) for a, p in zip(accepted, proposed) if p > 0]
-            accepted, proposed = [a for a, _ in kept], [p for _, p in kept]
             width = max([width, *proposed])  # prompt lookup may propose more than B - 1
         rounds = len(accepted)
         if rounds == 0:
@@ -108,6 +105,7 @@ class XpressAcceptance(evaluate.Metric):
 
 def _count(value, name: str) -> int:
     """`value` as a non-negative int; anything else (a fraction, None, a string, a negative number) is refused."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != int(value) or value < 0:
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+            or value != int(value) or value < 0):
         raise ValueError(f"{name} takes non-negative whole numbers, got {value!r}")
     return int(value)

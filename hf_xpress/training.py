@@ -2508,14 +2508,10 @@ def tau_main(args: argparse.Namespace) -> int:
 def _weights_hash(folder: Path) -> str | None:
     """sha256 of a local drafter folder's `model.safetensors` (None for a Hub id or another layout): what `ship` checks
     a measurement against."""
+    from .assets import sha256_file
+
     weights = folder / "model.safetensors"
-    if not weights.is_file():
-        return None
-    digest = hashlib.sha256()
-    with open(weights, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return sha256_file(weights) if weights.is_file() else None
 
 
 def _read_json_object(path: Path, flag: str) -> dict:

@@ -526,8 +526,12 @@ def _sharegpt_prompts() -> Iterator[PromptRecord]:
         yield PromptRecord(record.id, "sharegpt", record.messages[:1])
 
 
-def _jsonl(path: Path) -> Iterator[PromptRecord]:
-    """Rows of ``{"prompt": str}`` or ``{"messages": [...]}``, with an optional ``"id"``."""
+def jsonl_rows(path: str | Path) -> Iterator[tuple[str, int, Any]]:
+    """`(where, line number, row)` for each non-blank line of a jsonl file, parsed as it is reached (a caller that
+    stops early reads no further); where = "PATH:LINE". A folder, a line that is not UTF-8 or not JSON is a
+    `ValueError` naming it."""
+    if Path(path).is_dir():
+        raise ValueError(f"jsonl:{path} is a folder, not a jsonl file")
     with open(path, "rb") as f:  # bytes, decoded line by line: a decoding error names its line
         for lineno, raw in enumerate(f, start=1):
             where = f"{path}:{lineno}"
@@ -541,17 +545,24 @@ def _jsonl(path: Path) -> Iterator[PromptRecord]:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{where}: not valid JSON ({exc})") from None
-            if isinstance(row, dict) and isinstance(row.get("prompt"), str):
-                messages = [_user(row["prompt"])]
-            elif isinstance(row, dict) and isinstance(row.get("messages"), list):
-                messages = [_checked_message(m, where) for m in row["messages"]]
-                if not messages or messages[-1]["role"] != "user":
-                    raise ValueError(f"{where}: 'messages' must end with a user turn")
-            else:
-                raise ValueError(f'{where}: expected {{"prompt": str}} or {{"messages": [...]}}')
-            record_id = str(row.get("id", f"{path.stem}/{lineno}"))
-            meta = {k: v for k, v in row.items() if k not in ("prompt", "messages")}
-            yield PromptRecord(record_id, f"jsonl:{path.stem}", messages, meta)
+            yield where, lineno, row
+
+
+def _jsonl(path: Path) -> Iterator[PromptRecord]:
+    """Rows of ``{"prompt": str}`` or ``{"messages": [...]}``, with an optional ``"id"``."""
+    for where, lineno, row in jsonl_rows(path):
+        if isinstance(row, dict) and isinstance(row.get("prompt"), str):
+            messages = [_user(row["prompt"])]
+        elif isinstance(row, dict) and isinstance(row.get("messages"), list):
+            messages = [_checked_message(m, where) for m in row["messages"]]
+            if not messages or messages[-1]["role"] != "user":
+                raise ValueError(f"{where}: 'messages' must end with a user turn")
+        else:
+            raise ValueError(f'{where}: expected {{"prompt": str}} or {{"messages": [...]}}')
+        given = row.get("id")
+        record_id = f"{path.stem}/{lineno}" if given is None else str(given)
+        meta = {k: v for k, v in row.items() if k not in ("prompt", "messages")}
+        yield PromptRecord(record_id, f"jsonl:{path.stem}", messages, meta)
 
 
 def _checked_message(message: Any, where: str) -> dict:

@@ -1602,21 +1602,38 @@ def _label(path: str) -> str:
     return Path(str(path).rstrip("/")).name or str(path)
 
 
+def set_keys(names: Sequence[str]) -> dict[str, str]:
+    """`--sets` names -> the names the results report them under (a .jsonl file: its stem), refusing an unknown set,
+    a missing .jsonl file and two sets reported under one name. Model-free, so it runs before any model loads."""
+    from .assets import EVAL_SETS, TRAIN_SETS
+
+    keys: dict[str, str] = {}
+    for name in names:
+        key = Path(name).stem if name.endswith(".jsonl") else name
+        if name in keys:
+            raise ValueError(f"--sets: {name} is given twice")
+        if key != name and not Path(name).is_file():
+            raise ValueError(f"--sets: {name} is not a file")
+        if key == name and name not in EVAL_SETS + TRAIN_SETS:
+            raise ValueError(f"--sets: unknown prompt set {name!r}; valid names: {', '.join(EVAL_SETS + TRAIN_SETS)}, "
+                             "or a path ending in .jsonl")
+        if key in keys.values() or (key != name and key in EVAL_SETS):
+            raise ValueError(f"--sets: {name} would be reported as {key!r}, the name of {'another set given' if key in keys.values() else 'a built-in set'}; "
+                             "rename the .jsonl file (a set is named by its file name without .jsonl)")
+        keys[name] = key
+    return keys
+
+
 def _load_sets(names: Sequence[str], limit: int | None, target, tokenizer, max_new_tokens: int) -> dict[str, list]:
-    from .assets import EVAL_SETS, apply_chat_template, load_prompts
+    from .assets import apply_chat_template, load_prompts
 
     def first_answer(messages):
         ids = torch.tensor([apply_chat_template(tokenizer, messages)], device=target.device)
         out = target.generate(ids, **_generate_kwargs(target, max_new_tokens, 0.0))
         return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
-    sets = {}
-    for name in names:
-        key = Path(name).stem if name.endswith(".jsonl") else name
-        if key in sets or (key != name and key in EVAL_SETS):
-            raise ValueError(f"--sets: {name} would be reported as {key!r}, the name of {'another set given' if key in sets else 'a built-in set'}; "
-                             "rename the .jsonl file (a set is named by its file name without .jsonl)")
-        sets[key] = load_prompts(name, limit, first_answer=first_answer if name == "mtbench2" else None)
+    sets = {key: load_prompts(name, limit, first_answer=first_answer if name == "mtbench2" else None)
+            for name, key in set_keys(names).items()}
     if not any(sets.values()):
         raise ValueError(f"--sets {','.join(names) or '(none)'}: no prompts to run")
     return sets
@@ -1717,6 +1734,8 @@ def main(args: argparse.Namespace) -> int:
         tree_temperatures=_optional_floats(args.tree_temperature),
     )
     _check_run_numbers(args)
+    set_names = [s.strip() for s in args.sets.split(",") if s.strip()]
+    set_keys(set_names)
     out_dir = Path(args.out)
     _check_out_dir(out_dir)
     if args.threads:
@@ -1765,8 +1784,7 @@ def main(args: argparse.Namespace) -> int:
     methods = build_methods(drafters, assistant=assistant, **options)
     if args.methods:
         methods = select_methods(methods, args.methods)
-    sets = _load_sets([s.strip() for s in args.sets.split(",") if s.strip()], args.limit, target, tokenizer,
-                      args.max_new_tokens)
+    sets = _load_sets(set_names, args.limit, target, tokenizer, args.max_new_tokens)
     print(f"{len(methods)} methods x {sum(len(v) for v in sets.values())} prompts x {len(args.temperature)} "
           "temperature(s): " + ", ".join(m.name for m in methods), file=sys.stderr)
     results = run_benchmark(
@@ -1788,7 +1806,7 @@ def main(args: argparse.Namespace) -> int:
 def _check_run_numbers(args: argparse.Namespace) -> None:
     """Refuse numbers that would crash deep inside a run, or run something other than asked, with the flag's name."""
     temperatures = []
-    for t in args.temperature:
+    for t in args.temperature or [0.0]:  # none given: greedy
         if not (math.isfinite(t) and t >= 0):
             raise ValueError(f"--temperature takes 0 (greedy) or a positive number (sampling), got {t}")
         if t not in temperatures:
@@ -1901,12 +1919,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="layers of the random drafter when no --drafter is given")
     p.add_argument("--block-rank", type=int, default=256, help="refiner rank of the random drafter (no --drafter)")
 
-    def run(a):
-        if not a.temperature:
-            a.temperature = [0.0]
-        return main(a)
-
-    p.set_defaults(func=run)
+    p.set_defaults(func=main)
 
 
 __all__ = [

@@ -561,7 +561,7 @@ def _target_field(text, name: str, default=None):
     those, e.g. Gemma 4's head_dim; a list, e.g. Gemma 3n's per-layer MLP widths, gives its largest)."""
     try:
         value = getattr(text, name, None)
-    except Exception:  # transformers' AmbiguousGlobalPerLayerAttributeError (a RuntimeError) and the like
+    except RuntimeError:  # transformers' AmbiguousGlobalPerLayerAttributeError
         return default
     if isinstance(value, (list, tuple)):
         value = max(value) if value and all(isinstance(v, int) for v in value) else None

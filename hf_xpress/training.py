@@ -34,6 +34,7 @@ import contextlib
 import glob
 import functools
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -196,37 +197,22 @@ def jsonl_exchanges(path: str, limit: int | None) -> Iterator[tuple[str, list[di
     """`(id, messages)` from a jsonl of `{"prompt"}`/`{"messages"}` rows (a response appended by regeneration) or of
     `{"messages": [..., {"role": "assistant"}]}` chats (kept as they are). A malformed row is a `ValueError` naming
     its line."""
-    from .assets import _checked_message
+    from .assets import _checked_message, jsonl_rows
 
-    count = 0
-    if Path(path).is_dir():
-        raise ValueError(f"jsonl:{path} is a folder, not a jsonl file")
-    with open(path, "rb") as f:  # bytes, decoded line by line: a decoding error names its line
-        for lineno, raw in enumerate(f, 1):
-            where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise ValueError(f"{where}: not UTF-8 text ({exc})") from None
-            if not line.strip() or (limit is not None and count >= limit):
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: not valid JSON ({exc})") from None
-            if isinstance(row, dict) and isinstance(row.get("messages"), list) and row["messages"]:
-                msgs = [_checked_message(m, where) for m in row["messages"]]
-            elif isinstance(row, dict) and isinstance(row.get("prompt"), str):
-                msgs = [{"role": "user", "content": row["prompt"]}]
-            else:
-                raise ValueError(f'{where}: expected {{"prompt": str}} or {{"messages": [...]}} (a non-empty list)')
-            count += 1
-            # Without an "id" (or a null one): the line and a hash of the row's content, so that another file's rows
-            # (another chats.jsonl) are never taken for these by `--extend`, which skips the ids a set already holds,
-            # and a prompt repeated on several lines (several sampled answers) keeps one id per line.
-            content = hashlib.sha256(json.dumps(msgs, sort_keys=True).encode()).hexdigest()[:16]
-            given = row.get("id")
-            yield (f"{Path(path).stem}/{lineno}:{content}" if given is None else str(given)), msgs
+    rows = jsonl_rows(path)
+    for where, lineno, row in rows if limit is None else itertools.islice(rows, limit):
+        if isinstance(row, dict) and isinstance(row.get("messages"), list) and row["messages"]:
+            msgs = [_checked_message(m, where) for m in row["messages"]]
+        elif isinstance(row, dict) and isinstance(row.get("prompt"), str):
+            msgs = [{"role": "user", "content": row["prompt"]}]
+        else:
+            raise ValueError(f'{where}: expected {{"prompt": str}} or {{"messages": [...]}} (a non-empty list)')
+        # Without an "id" (or a null one): the line and a hash of the row's content, so that another file's rows
+        # (another chats.jsonl) are never taken for these by `--extend`, which skips the ids a set already holds,
+        # and a prompt repeated on several lines (several sampled answers) keeps one id per line.
+        content = hashlib.sha256(json.dumps(msgs, sort_keys=True).encode()).hexdigest()[:16]
+        given = row.get("id")
+        yield (f"{Path(path).stem}/{lineno}:{content}" if given is None else str(given)), msgs
 
 
 def _stdlib_files() -> tuple[Path, list[str]]:
@@ -941,7 +927,7 @@ class BenchmarkFilter:
         self.available = True
         try:
             questions = {self.normal(q) for q in benchmark_questions()}
-        except (FileNotFoundError, ImportError, OSError) as err:  # the sets' packages are not installed
+        except (ImportError, OSError) as err:  # the sets' packages are not installed
             print(f"[data] warning: the benchmark prompt sets could not be read ({err}): prompts are not checked "
                   "against them", flush=True)
             questions, self.available = set(), False
@@ -2028,26 +2014,21 @@ class Trainer:
         step = self.state["step"]
         generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step * 101 + self.accel.process_index)
         self.optimizer.zero_grad(set_to_none=True)
-        total, parts_sum, finite = 0.0, {}, True
+        total, parts_sum, finite, tokens, blocks = 0.0, {}, True, 0, 0
         t0 = time.time()
         for micro in range(self.cfg.grad_accum):
             idx = self._next_indices()
             last = micro == self.cfg.grad_accum - 1  # DDP all-reduces the accumulated gradients once, at the last
             with contextlib.nullcontext() if last else self.accel.no_sync(self.drafter):
                 loss, parts, packed = self._loss(idx, generator)
-                # Every process skips the step together: a backward on some processes only would wait forever in
-                # DDP's gradient all-reduce.
-                local = [1, packed.num_tokens, len(packed.block_index)] if torch.isfinite(loss.detach()) else [0, 0, 0]
-                ok, tokens, blocks = self._sum_over_processes(local)
-                if ok < self.accel.num_processes:
-                    finite = False
+                finite, counts = self._finite_everywhere(loss, packed)
+                if not finite:
                     break
                 self.accel.backward(loss / self.cfg.grad_accum)
             total += loss.item() / self.cfg.grad_accum
             for k, v in parts.items():
                 parts_sum[k] = parts_sum.get(k, 0.0) + v / self.cfg.grad_accum
-            self.state["tokens"] += int(tokens)
-            self.state["blocks"] += int(blocks)
+            tokens, blocks = tokens + counts[0], blocks + counts[1]
         if finite and self.accel.num_processes > 1:  # the logged losses: the mean over processes
             n = self.accel.num_processes
             total, *means = (x / n for x in self._sum_over_processes([total, *parts_sum.values()]))
@@ -2059,6 +2040,8 @@ class Trainer:
         if finite:
             self.optimizer.step()
             self.skipped_in_a_row = 0
+            self.state["tokens"] += tokens  # what the drafter was trained on: a skipped step's do not count
+            self.state["blocks"] += blocks
         else:
             self.state["skipped"] += 1
             self.skipped_in_a_row += 1
@@ -2074,6 +2057,14 @@ class Trainer:
         self.state["train_seconds"] += time.time() - t0
         return {"step": self.state["step"], "loss": total if finite else float("nan"), **parts_sum, "grad_norm": grad_norm,
                 "lr": self.scheduler.get_last_lr()[0], "tokens": self.state["tokens"], "skipped": self.state["skipped"]}
+
+    def _finite_everywhere(self, loss: torch.Tensor, packed: PackedInput) -> tuple[bool, tuple[int, int]]:
+        """Whether `loss` is finite on every process, and the micro-batch's (tokens, blocks) summed over processes.
+        Every process skips the step together: a backward on some processes only would wait forever in DDP's
+        gradient all-reduce."""
+        local = [1, packed.num_tokens, len(packed.block_index)] if torch.isfinite(loss.detach()) else [0, 0, 0]
+        ok, tokens, blocks = self._sum_over_processes(local)
+        return ok == self.accel.num_processes, (int(tokens), int(blocks))
 
     def _sum_over_processes(self, values: list[float]) -> list[float]:
         """`values` summed over the training processes (one all-reduce); themselves in a single process."""

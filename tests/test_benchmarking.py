@@ -559,6 +559,9 @@ def test_bench_checks_its_settings_before_loading_or_running(tmp_path, capsys):
         (["--block-context", "0"], "--block-context must be at least 8"),
         (["--block-repeats", "0"], "--block-repeats must be at least 1"),
         (["--device", "foo"], "--device 'foo': not a torch device"),
+        (["--sets", "humaneval,nosuchset"], "--sets: unknown prompt set 'nosuchset'"),
+        (["--sets", str(tmp_path / "nowhere.jsonl")], f"--sets: {tmp_path / 'nowhere.jsonl'} is not a file"),
+        (["--sets", "mtbench,math500,mtbench"], "--sets: mtbench is given twice"),
         (["--out", str(afile / "sub")], f"--out {afile / 'sub'}: cannot create the output folder"),
     ]
     for flags, message in cases:

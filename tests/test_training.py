@@ -636,6 +636,28 @@ def test_nan_guard_skips_the_step(tmp_path):
         trainer.train_step()  # the run stops instead of writing an untrained drafter as its result
 
 
+def test_a_step_skipped_at_a_later_micro_batch_counts_no_training_tokens(tmp_path):
+    """The learning curve's "training tokens" are tokens the drafter was trained on: a step whose second micro-batch
+    has a NaN loss is skipped whole, so its first micro-batch's tokens do not count."""
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target, num_seqs=12)
+    trainer = T.Trainer(_cfg(data, tmp_path / "run", grad_accum=2, eval_every=0), target=target)
+    real_loss, calls = trainer._loss, []
+
+    def second_is_nan(idx, gen):
+        loss, parts, packed = real_loss(idx, gen)
+        calls.append(len(calls))
+        return (loss * float("nan") if len(calls) == 2 else loss), parts, packed
+
+    trainer._loss = second_is_nan
+    row = trainer.train_step()
+    assert len(calls) == 2 and row["skipped"] == 1 and row["tokens"] == 0 and trainer.state["blocks"] == 0
+    trainer._loss = real_loss
+    row = trainer.train_step()
+    assert row["skipped"] == 1 and row["tokens"] > 0 and trainer.state["blocks"] > 0
+
+
 def test_init_drafter_flags_it_would_ignore_and_a_drafter_for_another_target_are_refused(tmp_path):
     """With --init-drafter the saved drafter's shape is kept: shape flags that differ from it were silently ignored
     (and recorded in the run's history as if used); a drafter for another target failed inside a forward."""

@@ -579,6 +579,21 @@ class XPressPreTrainedModel(PreTrainedModel):
     _supports_attention_backend = True
     _keys_to_ignore_on_load_unexpected = [r"mix\.tril"]
 
+    def __getattr__(self, name: str):
+        # A drafter is not a model transformers' classic assisted decoding can run: without the routing `import
+        # hf_xpress` installs (a remote-code copy loaded without the package, or after `hf_xpress.uninstall()`),
+        # `generate(assistant_model=drafter)` takes that path, whose first step reads `generation_config`. An
+        # AttributeError keeps `hasattr` False for everyone else, and names the ways out for that caller.
+        if name == "generation_config":
+            raise AttributeError(
+                f"{type(self).__name__} has no generation_config: it is not an autoregressive assistant. "
+                "generate(assistant_model=drafter) needs `import hf_xpress` (it routes the drafter to its candidate "
+                "generator; hf_xpress.uninstall() undoes that); without the package pass speculation_type='dflash' "
+                "(transformers' native DFlash path: the drafter without its refiner) or "
+                "custom_generate=<the drafter's folder or Hub id>/custom_generate where it has one."
+            )
+        return super().__getattr__(name)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)

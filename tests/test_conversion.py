@@ -569,6 +569,9 @@ def converted(tmp_path_factory):
 @pytest.mark.parametrize("refiner", [None, "xpress", "markov"])
 def test_vllm_export_layout_and_round_trip(tmp_path, target, converted, refiner):
     drafter = converted[refiner]
+    (tmp_path / "vllm").mkdir()  # an earlier sharded export there: its shards would be loaded with the new weights
+    for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"):
+        (tmp_path / "vllm" / name).write_text("stale")
     result = cv.export_vllm(drafter, tmp_path / "vllm")
     cfg = json.loads((tmp_path / "vllm" / "config.json").read_text())
     tensors = load_file(tmp_path / "vllm" / "model.safetensors")
@@ -718,6 +721,13 @@ def test_cli_refuses_a_target_the_checkpoint_was_not_trained_for_and_a_file_as_o
         assert main([command, str(base), str(tmp_path / "a-file")]) == 2
         assert "a-file exists and is not a folder" in capsys.readouterr().err
     assert (tmp_path / "a-file").read_text() == "x"
+    # a non-empty folder: its files (another checkpoint's shards, card, code) would have been mixed into the output
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "model-00001-of-00002.safetensors").write_text("x")
+    for command in ("convert", "export"):
+        assert main([command, str(base), str(tmp_path / "used")]) == 2
+        assert "used exists and is not empty" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "used").iterdir()] == ["model-00001-of-00002.safetensors"]
 
 
 def test_a_hand_edited_zlab_config_is_a_malformed_checkpoint_not_a_crash(tmp_path, capsys):

@@ -615,6 +615,12 @@ def test_uninstall_restores_transformers_and_install_is_idempotent():
         for _ in range(2):  # a second uninstall has nothing to undo
             hf_xpress.uninstall()
             assert {name: getattr(GenerationMixin, name) for name in WRAPPED_METHODS} == originals
+        # transformers' classic assistant path, which reads the drafter's generation_config first: named, not a bare
+        # "object has no attribute"
+        with pytest.raises(AttributeError, match=r"no generation_config: .* needs `import hf_xpress` .* "
+                                                 r"speculation_type='dflash'"):
+            target.generate(torch.tensor([[1, 2, 3]]), assistant_model=drafter, max_new_tokens=4, do_sample=False)
+        assert not hasattr(drafter, "generation_config")
         original = originals["_get_candidate_generator"]
 
         def spy(self, *args, **kwargs):

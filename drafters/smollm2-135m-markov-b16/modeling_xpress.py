@@ -561,7 +561,7 @@ def _target_field(text, name: str, default=None):
     those, e.g. Gemma 4's head_dim; a list, e.g. Gemma 3n's per-layer MLP widths, gives its largest)."""
     try:
         value = getattr(text, name, None)
-    except Exception:  # transformers' AmbiguousGlobalPerLayerAttributeError (a RuntimeError) and the like
+    except RuntimeError:  # transformers' AmbiguousGlobalPerLayerAttributeError
         return default
     if isinstance(value, (list, tuple)):
         value = max(value) if value and all(isinstance(v, int) for v in value) else None
@@ -578,6 +578,21 @@ class XPressPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = False
     _supports_attention_backend = True
     _keys_to_ignore_on_load_unexpected = [r"mix\.tril"]
+
+    def __getattr__(self, name: str):
+        # A drafter is not a model transformers' classic assisted decoding can run: without the routing `import
+        # hf_xpress` installs (a remote-code copy loaded without the package, or after `hf_xpress.uninstall()`),
+        # `generate(assistant_model=drafter)` takes that path, whose first step reads `generation_config`. An
+        # AttributeError keeps `hasattr` False for everyone else, and names the ways out for that caller.
+        if name == "generation_config":
+            raise AttributeError(
+                f"{type(self).__name__} has no generation_config: it is not an autoregressive assistant. "
+                "generate(assistant_model=drafter) needs `import hf_xpress` (it routes the drafter to its candidate "
+                "generator; hf_xpress.uninstall() undoes that); without the package pass speculation_type='dflash' "
+                "(transformers' native DFlash path: the drafter without its refiner) or "
+                "custom_generate=<the drafter's folder or Hub id>/custom_generate where it has one."
+            )
+        return super().__getattr__(name)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -468,8 +468,18 @@ def first_stop(criteria, input_ids: torch.LongTensor, tokens: list[int]) -> int 
     None if none does."""
     for j in range(len(tokens)):
         sequence = torch.cat([input_ids, input_ids.new_tensor([tokens[: j + 1]])], dim=1)
-        if bool(criteria(sequence, None).any()):
-            return j
+        for criterion in criteria:
+            try:
+                fired = bool(criterion(sequence, None).any())
+            except Exception as err:  # a user's criterion that needs the target's scores, which drafts do not have yet
+                raise ValueError(
+                    f"{type(criterion).__name__} failed on a draft token ({type(err).__name__}: {err}). With an xPress "
+                    "drafter, drafts end before a token at which a stopping criterion fires, so every criterion is "
+                    "called on draft tokens before the target scores them, with scores=None: it must depend on the "
+                    "tokens only."
+                ) from err
+            if fired:
+                return j
     return None
 
 

@@ -345,6 +345,25 @@ def test_custom_stopping_criteria_stop_where_plain_generate_stops(target, monkey
     assert ran_on >= 2, ran_on
 
 
+def test_a_criterion_that_needs_the_targets_scores_is_named(target):
+    """Drafts are checked against stopping criteria before the target scores them (scores=None). A user's criterion
+    that reads the scores failed inside itself, with no hint why; it is now a clear error naming it."""
+
+    class ScoreCapped(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            last = scores[-1] if isinstance(scores, tuple) else scores  # plain generate: the scores so far
+            return last.max(-1).values > 100.0  # AttributeError on None
+
+    drafter = tiny_drafter(target, "xpress")
+    ids = torch.randint(0, 126, (1, 9))
+    target.generate(ids, max_new_tokens=4, do_sample=False, output_scores=True, return_dict_in_generate=True,
+                    stopping_criteria=StoppingCriteriaList([ScoreCapped()]))  # plain generate passes it scores
+    with pytest.raises(ValueError, match=r"ScoreCapped failed on a draft token \(AttributeError: .*scores=None: it "
+                                         r"must depend on the tokens only"):
+        target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False, output_scores=True,
+                        return_dict_in_generate=True, stopping_criteria=StoppingCriteriaList([ScoreCapped()]))
+
+
 def test_a_users_eos_and_max_length_criteria_stop_where_plain_generate_stops(target, monkeypatch):
     """transformers ends a round at the generation config's EOS ids and max length only. A user's `EosTokenCriteria`
     for other ids, or a `MaxLengthCriteria` below max_length, are checked per draft like any criterion (plain

@@ -28,6 +28,10 @@ _TEMPLATE_IN_REPO = Path(__file__).resolve().parent.parent / "model_cards" / "dr
 _REFINER_TITLES = {"xpress": "dFlash + xPress", "markov": "dFlash + Markov head", None: "dFlash"}
 
 
+class PublishError(RuntimeError):
+    """An upload to the Hub failed (network, authentication, permissions); the message names the repository."""
+
+
 def _template() -> str:
     if _TEMPLATE_IN_REPO.exists():
         return _TEMPLATE_IN_REPO.read_text()
@@ -248,11 +252,16 @@ def publish(
             from huggingface_hub import HfApi
 
             api = HfApi(token=token)
-            api.create_repo(destination, private=private, exist_ok=True)
-            # what publish writes replaces its earlier upload: stale weight shards or recipe files of a previous
-            # push go; anything else a user added to the repository stays
-            info = api.upload_folder(repo_id=destination, folder_path=tmp, commit_message=commit_message,
-                                     delete_patterns=PUBLISHED_PATTERNS)
+            try:
+                api.create_repo(destination, private=private, exist_ok=True)
+                # what publish writes replaces its earlier upload: stale weight shards or recipe files of a previous
+                # push go; anything else a user added to the repository stays
+                info = api.upload_folder(repo_id=destination, folder_path=tmp, commit_message=commit_message,
+                                         delete_patterns=PUBLISHED_PATTERNS)
+            except Exception as err:  # huggingface_hub's HTTP errors, its HTTP client's network errors, ...
+                raise PublishError(f"could not upload to the Hub repository {destination} "
+                                   f"({type(err).__name__}: {err}); nothing of this push was kept locally, write a "
+                                   "folder first with --local to keep it") from err
         return str(getattr(info, "commit_url", None) or f"https://huggingface.co/{destination}")
 
     if repo_id is not None:
@@ -337,6 +346,7 @@ def add_push_parser(subparsers) -> None:
 
 
 __all__ = [
+    "PublishError",
     "add_push_parser",
     "publish",
     "push_to_hub",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -790,6 +791,9 @@ class XPressDrafterModel(XPressPreTrainedModel):
             if not isinstance(raw, dict):
                 raise ValueError(f"The config.json of {pretrained_model_name_or_path} does not hold a JSON object.")
             model_type = raw.get("model_type")
+            local = Path(pretrained_model_name_or_path, config_kwargs.get("subfolder", ""))
+            if not raw and local.is_dir() and not (local / "config.json").is_file():  # transformers reads that as {}
+                raise ValueError(f"{local} has no config.json: not a saved drafter folder (save_pretrained writes one).")
             if model_type != XPressDrafterConfig.model_type:
                 converted = _convert_foreign_folder(pretrained_model_name_or_path, kwargs)
                 if converted is not None:

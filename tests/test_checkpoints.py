@@ -41,6 +41,15 @@ def test_a_foreign_checkpoint_is_refused_by_name(tmp_path):
         XPressDrafterModel.from_pretrained(tmp_path)
 
 
+def test_a_folder_without_config_json_is_named(tmp_path):
+    """transformers reads a missing config.json as {}: it was reported as "config model_type None"."""
+    tiny_drafter(tiny_target("qwen3")).save_pretrained(tmp_path / "sub")
+    (tmp_path / "sub" / "config.json").unlink()
+    for folder, kwargs in ((tmp_path / "sub", {}), (tmp_path, {"subfolder": "sub"})):
+        with pytest.raises(ValueError, match="sub has no config.json: not a saved drafter folder"):
+            XPressDrafterModel.from_pretrained(folder, **kwargs)
+
+
 def test_a_truncated_checkpoint_is_refused(tmp_path):
     tiny_drafter(tiny_target("qwen3")).save_pretrained(tmp_path)
     weights = tmp_path / "model.safetensors"

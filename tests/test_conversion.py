@@ -741,6 +741,15 @@ def test_a_hand_edited_zlab_config_is_a_malformed_checkpoint_not_a_crash(tmp_pat
             cv.load_checkpoint(folder)
         assert main(["convert", str(folder), str(tmp_path / f"out-{name}")]) == 2
         assert "Traceback" not in capsys.readouterr().err
+    # text where the layer ids or an integer belong: named (the ids were read character by character; "16" taken)
+    for name, overrides, message in (
+        ("ids", dict(dflash_config={"mask_token_id": MASK, "target_layer_ids": "1,3"}),
+         "dflash_config.target_layer_ids must be a list of integers, got '1,3'"),
+        ("block", dict(block_size="16"), "block_size must be an integer, got '16'"),
+        ("mask", dict(dflash_config={"mask_token_id": 1.5, "target_layer_ids": IDS}), "mask_token_id must be an integer"),
+    ):
+        with pytest.raises(cv.ConversionError, match=message):
+            cv.load_checkpoint(write_zlab(tmp_path / name, **overrides))
 
 
 # ---- corrupt and foreign checkpoints -------------------------------------------------------------------------------
@@ -892,7 +901,7 @@ def test_from_pretrained_on_a_foreign_folder_honours_its_options(tmp_path):
     alias), device_map and attn_implementation apply; an option conversion can not honour is refused by name."""
     repo = tmp_path / "repo"
     write_zlab(repo / "drafter")
-    with pytest.raises(ValueError, match="not an xPress drafter checkpoint"):
+    with pytest.raises(ValueError, match="repo has no config.json: not a saved drafter folder"):
         XPressDrafterModel.from_pretrained(repo)  # the root holds no checkpoint
     model = XPressDrafterModel.from_pretrained(repo, subfolder="drafter", torch_dtype=torch.bfloat16,
                                                device_map="cpu", attn_implementation="eager")

@@ -418,6 +418,28 @@ def test_a_drafter_whose_config_was_edited_after_it_was_built_is_not_published(p
     assert not (tmp_path / "out").exists()
 
 
+def test_a_failed_upload_is_one_line_naming_the_repository(published, monkeypatch, capsys):
+    """No network (or no permission): `hf-xpress push` printed the HTTP client's whole traceback."""
+    import huggingface_hub
+
+    class Unreachable:
+        def __init__(self, token=None):
+            pass
+
+        def create_repo(self, *args, **kwargs):
+            raise ConnectionError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", Unreachable)
+    from hf_xpress.cli import main
+
+    assert main(["push", str(published["folder"]), REPO_ID, "--target", "t"]) == 1
+    err = capsys.readouterr().err
+    assert f"could not upload to the Hub repository {REPO_ID} (ConnectionError: [Errno -2]" in err
+    assert "Traceback" not in err and err.count("could not upload") == 1
+    with pytest.raises(hub.PublishError):
+        hub.push_to_hub(published["drafter"], REPO_ID, target="t")
+
+
 def test_push_command_writes_a_local_folder_with_the_training_text(published, tmp_path, capsys):
     from hf_xpress.cli import main
 

@@ -187,6 +187,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         """`jacobi_passes`: xPress passes per block for this generator only (None: the drafter config's).
         `stopping_criteria`: those `generate` checks; drafts end before any token at which one fires (see
         `draft_stopping_criteria`)."""
+        assistant_model.config.validate_xpress()  # inference settings are changed on the config after loading
         check_compatible(target.config, assistant_model.config)
         check_supported_target(target)
         check_generation_options(target, generation_config)

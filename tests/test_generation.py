@@ -345,6 +345,20 @@ def test_custom_stopping_criteria_stop_where_plain_generate_stops(target, monkey
     assert ran_on >= 2, ran_on
 
 
+def test_inference_settings_changed_after_loading_are_checked_at_generate(target):
+    """`drafter.config.<setting> = value` is how settings change after loading; a value validation would refuse
+    (0 drafts per round was run as 1, negative passes as none) is refused by name when generate starts."""
+    drafter = tiny_drafter(target, "xpress")
+    ids = torch.randint(0, 126, (1, 6))
+    for name, value in (("num_assistant_tokens", 0), ("jacobi_passes", -1), ("assistant_confidence_threshold", 2.0)):
+        saved = getattr(drafter.config, name)
+        setattr(drafter.config, name, value)
+        with pytest.raises(ValueError, match=f"XPressDrafterConfig: {name}"):
+            target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)
+        setattr(drafter.config, name, saved)
+    target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)
+
+
 def test_a_criterion_that_needs_the_targets_scores_is_named(target):
     """Drafts are checked against stopping criteria before the target scores them (scores=None). A user's criterion
     that reads the scores failed inside itself, with no hint why; it is now a clear error naming it."""

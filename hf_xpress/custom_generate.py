@@ -44,6 +44,9 @@ def _load_drafter(source: str, target) -> XPressDrafterModel:
 def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_passes=None, tree_width=None,
              tree_budget=None, lookup_branch=False, **kwargs):
     """`model.generate(*args, **kwargs)` with xPress drafting (see the module docstring)."""
+    if "drafter" in kwargs:  # tree_decoding's name for it, which this recipe passes on itself
+        raise ValueError("This recipe takes the drafter as assistant_model= (a loaded drafter) or xpress_drafter= (a "
+                         "folder or Hub id), not drafter=.")
     if isinstance(assistant_model, (str, os.PathLike)):
         raise ValueError("assistant_model= takes a loaded drafter; pass a folder or Hub id as xpress_drafter= instead.")
     if assistant_model is None and xpress_drafter is not None and not isinstance(xpress_drafter, (str, os.PathLike)):
@@ -70,6 +73,8 @@ def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_pas
         # generate() hands a custom_generate callable neither `streamer` nor `tokenizer`: pass them on as
         # tree_decoding takes them (its streamer argument; stop strings as a stopping criterion).
         if kwargs.get("streamer") is not None:
+            if kwargs.get("tree_streamer") is not None:
+                raise ValueError("Pass either generate's streamer= or tree_decoding's tree_streamer=, not both.")
             kwargs["tree_streamer"] = kwargs.pop("streamer")
         config = kwargs.get("generation_config") or model.generation_config
         stop_strings = kwargs.pop("stop_strings", None) or getattr(config, "stop_strings", None)

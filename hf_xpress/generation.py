@@ -187,7 +187,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         """`jacobi_passes`: xPress passes per block for this generator only (None: the drafter config's).
         `stopping_criteria`: those `generate` checks; drafts end before any token at which one fires (see
         `draft_stopping_criteria`)."""
-        assistant_model.config.validate_xpress()  # inference settings are changed on the config after loading
+        check_drafter_settings(assistant_model.config)
         check_compatible(target.config, assistant_model.config)
         check_supported_target(target)
         check_generation_options(target, generation_config)
@@ -460,6 +460,22 @@ def check_prompt_inputs(input_ids: torch.LongTensor, model_kwargs: dict) -> None
             f"generate(cache=...) was given a cache that already holds {cached} tokens (a cached prefix or an earlier "
             "turn): the target skips their forward, so the drafter never gets their hidden states. Pass an empty "
             "cache, or none, with an xPress drafter."
+        )
+
+
+PER_CALL_SETTINGS = ("tree_width", "tree_budget", "lookup_branch")  # `tree_decoding`'s arguments, never a config's
+
+
+def check_drafter_settings(config: XPressDrafterConfig) -> None:
+    """Raise a `ValueError` naming an inference setting that a loaded drafter's config holds (settings change there
+    after loading) but that validation refuses, or a tree setting put there, where nothing reads it."""
+    config.validate_xpress()
+    misplaced = [name for name in PER_CALL_SETTINGS if hasattr(config, name)]
+    if misplaced:
+        raise ValueError(
+            f"The drafter's config sets {', '.join(misplaced)}, which no drafter reads from its config: a tree is asked "
+            "for per call, generate(ids, custom_generate=hf_xpress.tree_decoding, drafter=drafter, tree_width=3, ...) "
+            "(see the README). Remove it from the config."
         )
 
 

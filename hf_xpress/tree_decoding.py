@@ -57,6 +57,7 @@ layers); and, as on chains, no option that scoring drafts would get wrong (`chec
 
 from __future__ import annotations
 
+import numbers
 from types import SimpleNamespace
 
 import torch
@@ -219,10 +220,12 @@ def tree_decoding(
         raise ValueError("tree_decoding needs drafter=<an xPress drafter>, e.g. generate(ids, custom_generate="
                          "hf_xpress.tree_decoding, drafter=drafter); got "
                          f"{'nothing' if drafter is None else type(drafter).__name__}.")
-    for name, value in (("tree_width", tree_width), ("tree_budget", tree_budget)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise ValueError(f"{name} must be an integer, got {value!r}.")
-    if int(tree_width) < 1:
+    for name, value, optional in (("tree_width", tree_width, False), ("tree_budget", tree_budget, True)):
+        if (value is None and not optional) or (
+                value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral))):
+            raise ValueError(f"{name} must be an integer{' or None' if optional else ''}, got {value!r}.")
+    tree_width, tree_budget = int(tree_width), (None if tree_budget is None else int(tree_budget))
+    if tree_width < 1:
         raise ValueError(f"tree_width must be at least 1, got {tree_width}.")
     if tree_budget is not None and int(tree_budget) < 1:
         raise ValueError(f"tree_budget must be at least 1 draft node (or None for a fixed tree), got {tree_budget}.")

@@ -347,7 +347,8 @@ def test_custom_stopping_criteria_stop_where_plain_generate_stops(target, monkey
 
 def test_inference_settings_changed_after_loading_are_checked_at_generate(target):
     """`drafter.config.<setting> = value` is how settings change after loading; a value validation would refuse
-    (0 drafts per round was run as 1, negative passes as none) is refused by name when generate starts."""
+    (0 drafts per round was run as 1, negative passes as none), or a tree setting nothing reads there, is refused by
+    name when generate starts."""
     drafter = tiny_drafter(target, "xpress")
     ids = torch.randint(0, 126, (1, 6))
     for name, value in (("num_assistant_tokens", 0), ("jacobi_passes", -1), ("assistant_confidence_threshold", 2.0)):
@@ -356,6 +357,10 @@ def test_inference_settings_changed_after_loading_are_checked_at_generate(target
         with pytest.raises(ValueError, match=f"XPressDrafterConfig: {name}"):
             target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)
         setattr(drafter.config, name, saved)
+    drafter.config.tree_width = 3  # ran chains, silently: trees are asked for per call
+    with pytest.raises(ValueError, match="config sets tree_width, which no drafter reads from its config"):
+        target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)
+    del drafter.config.tree_width
     target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)
 
 

@@ -372,13 +372,21 @@ def test_custom_generate_tree_path_passes_on_the_streamer_and_stop_strings(publi
                           xpress_drafter=drafter, generation_config=config, tokenizer=tokenizer)
     assert out[0, ids.shape[1]:].tolist() == plain[: first + 1] and config.stop_strings == [stop]
     for kwargs, error in ((dict(tree_width=2.7), "tree_width must be an integer, got 2.7"),
-                          (dict(tree_width=2, tree_budget="4"), "tree_budget must be an integer, got '4'")):
+                          (dict(tree_width=2, tree_budget="4"), "tree_budget must be an integer or None, got '4'")):
         with pytest.raises(ValueError, match=error):
             target.generate(ids, custom_generate=str(published["folder"]), trust_remote_code=True, max_new_tokens=4,
                             assistant_model=drafter, **kwargs)
     with pytest.raises(ValueError, match="assistant_model= takes a loaded drafter; pass a folder or Hub id as xpress"):
         target.generate(ids, custom_generate=str(published["folder"]), trust_remote_code=True, max_new_tokens=4,
                         assistant_model=str(published["folder"]))
+    # tree_decoding's drafter= (ignored: the recipe loaded its default repository) and two streamers (one dropped)
+    with pytest.raises(ValueError, match="takes the drafter as assistant_model= .* or xpress_drafter= .*, not drafter="):
+        target.generate(ids, custom_generate=str(published["folder"]), trust_remote_code=True, max_new_tokens=4,
+                        drafter=drafter, tree_width=2)
+    with pytest.raises(ValueError, match="either generate's streamer= or tree_decoding's tree_streamer=, not both"):
+        target.generate(ids, custom_generate=str(published["folder"]), trust_remote_code=True, max_new_tokens=4,
+                        assistant_model=drafter, tree_width=2, streamer=RecordingStreamer(),
+                        tree_streamer=RecordingStreamer())
 
 
 def test_custom_generate_chain_path_checks_a_users_stopping_criteria_on_every_draft(published):

@@ -30,11 +30,14 @@ demo: $(STAMP)
 PYTEST_WORKERS ?= auto
 XDIST := -n $(PYTEST_WORKERS) --maxprocesses 8 --dist worksteal
 
+# PYTEST_ARGS: more pytest arguments, e.g. make test PYTEST_ARGS="tests/test_hub.py -k publish"
+PYTEST_ARGS ?=
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -q $(XDIST)
+	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 test-all: $(STAMP)
-	$(BIN)/python -m pytest -q $(XDIST) -m "slow or not slow"
+	$(BIN)/python -m pytest -q $(XDIST) -m "slow or not slow" $(PYTEST_ARGS)
 
 large-assets: $(STAMP)
 	$(BIN)/pip install --quiet --no-deps $(LARGE_ASSETS)

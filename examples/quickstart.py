@@ -19,7 +19,8 @@ ids = torch.tensor([apply_chat_template(tokenizer, [{"role": "user", "content": 
 greedy = target.generate(ids, assistant_model=drafter, max_new_tokens=64)
 assert torch.equal(greedy, target.generate(ids, max_new_tokens=64))  # exactly the target's output
 print(tokenizer.decode(greedy[0, ids.shape[1]:], skip_special_tokens=True))
-print(f"tau {drafter.stats.tau:.2f} tokens per target forward, slot acceptance {drafter.stats.slot_acceptance()[:4]}")
+drafted = drafter.stats.slot_acceptance()[: max(drafter.stats.proposed)]  # the slots its rounds drafted
+print(f"tau {drafter.stats.tau:.2f} tokens per target forward, slot acceptance {[round(a, 2) for a in drafted]}")
 
 drafter.config.jacobi_passes = 4  # K: refinement passes per block
 torch.manual_seed(0)

@@ -527,11 +527,17 @@ def _sharegpt_prompts() -> Iterator[PromptRecord]:
 
 
 def jsonl_rows(path: str | Path) -> Iterator[tuple[str, int, Any]]:
-    """`(where, line number, row)` for each non-blank line of a jsonl file, parsed as it is reached (a caller that
-    stops early reads no further); where = "PATH:LINE". A folder, a line that is not UTF-8 or not JSON is a
-    `ValueError` naming it."""
+    """`(where, line number, row)` for each non-blank line of a jsonl file, where = "PATH:LINE"; each line is read
+    and parsed as it is reached, so a caller that stops early reads no further. A folder or a missing file is refused
+    here, before any row is asked for; a line that is not UTF-8 or not JSON is a `ValueError` naming it."""
     if Path(path).is_dir():
         raise ValueError(f"jsonl:{path} is a folder, not a jsonl file")
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"jsonl:{path}: no such file")
+    return _jsonl_lines(path)
+
+
+def _jsonl_lines(path: str | Path) -> Iterator[tuple[str, int, Any]]:
     with open(path, "rb") as f:  # bytes, decoded line by line: a decoding error names its line
         for lineno, raw in enumerate(f, start=1):
             where = f"{path}:{lineno}"

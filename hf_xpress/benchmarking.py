@@ -1548,9 +1548,12 @@ def plot_block_latency(r: dict, path: Path) -> Path:
 
 def _int_list(text: str, flag: str = "--passes") -> list[int]:
     try:
-        return [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise ValueError(f"{flag} takes comma-separated integers, got {text!r}") from None
+    if any(v < 0 for v in values):
+        raise ValueError(f"{flag} takes integers >= 0, got {text!r}")
+    return values
 
 
 def select_methods(methods: list[Method], spec: str) -> list[Method]:
@@ -1719,6 +1722,8 @@ def main(args: argparse.Namespace) -> int:
         confidences = [float(c) for c in args.confidence.split(",") if c.strip()]
     except ValueError:
         raise ValueError(f"--confidence takes comma-separated numbers, got {args.confidence!r}") from None
+    if any(not 0.0 <= c < 1.0 for c in confidences):  # a draft probability threshold, as the drafter's config takes
+        raise ValueError(f"--confidence takes thresholds in [0, 1), got {args.confidence!r}")
     options = dict(
         passes=_int_list(args.passes),
         early_stop=_on_off_list(args.early_stop),

@@ -811,7 +811,8 @@ def export_vllm(drafter: XPressDrafterModel, output: str | os.PathLike, *, dtype
         tensors["markov_head.markov_w1.weight"] = refiner["w1.weight"]
         tensors["markov_head.markov_w2.weight"] = refiner["w2.weight"]
         cfg.update(architectures=[VLLM_DSPARK_ARCHITECTURE], markov_rank=int(config.refiner_rank), sample_from_anchor=False)
-    for stale in ("model.safetensors.index.json", "pytorch_model.bin", *out.glob("model-*-of-*.safetensors")):
+    shards = [p.name for p in out.glob("model-*-of-*.safetensors")]
+    for stale in ("model.safetensors.index.json", "pytorch_model.bin", *shards):
         (out / stale).unlink(missing_ok=True)  # another checkpoint's weights would be loaded with these
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -998,10 +999,10 @@ def _load_from_args(args) -> XPressDrafterModel:
 def _check_output_folder(path) -> None:
     if Path(path).exists() and not Path(path).is_dir():
         raise ConversionError(f"{path} exists and is not a folder: give a new or empty folder for the output.")
-    if Path(path).is_dir() and any(Path(path).iterdir()):
+    if Path(path).is_dir() and any(not p.name.startswith(".") for p in Path(path).iterdir()):  # .git: a clone is fine
         raise ConversionError(f"{path} exists and is not empty: the output is a whole checkpoint folder, and files "
                               "already there (another checkpoint's shards, model card or code) would be mixed into it; "
-                              "give a new or empty folder.")
+                              "give a new or empty folder (hidden files such as a clone's .git are allowed).")
 
 
 def _run_convert(args) -> int:

@@ -51,7 +51,11 @@ def run_demo(
           f"K={assistant.config.jacobi_passes}), {_describe_tree(tree, tree_budget)} verification, "
           f"{assistant.config.num_assistant_tokens} drafts per round, "
           f"{_describe_lookup(lookup, tree)}"
-          f"{torch.get_num_threads()} threads\n")
+          f"{torch.get_num_threads()} threads")
+    if dtype == "float32":
+        print("float32, so that every token can be checked against plain generate; on many CPUs verifying several "
+              f"tokens at once is slow in float32 (speed: `hf-xpress demo {FASTEST}`)")
+    print()
     speculative = dict(assistant_model=assistant)
     if tree:
         speculative = dict(custom_generate=hf_xpress.tree_decoding, drafter=assistant, tree_width=tree,
@@ -79,7 +83,10 @@ def run_demo(
         rows.append(row)
         print(f"> {prompt}\n{tokenizer.decode(fast[0, ids.shape[1]:], skip_special_tokens=True).strip()}\n")
         print(f"  tau {row['tau']:.2f} | plain {row['plain_tok_s']:.1f} tok/s | xPress {row['xpress_tok_s']:.1f} tok/s "
-              f"| speed-up {row['speedup']:.2f}x | identical to plain generate: {row['identical']}\n")
+              f"| speed-up {row['speedup']:.2f}x | identical to plain generate: {row['identical']}")
+        if not row["identical"]:
+            print(f"  {describe_divergence(model, tokenizer, plain[0], fast[0], ids.shape[1])}")
+        print()
     note = slow_fp32_note(rows, dtype)
     if note:
         print(note)
@@ -87,6 +94,24 @@ def run_demo(
 
 
 FASTEST = "--dtype bfloat16 --tree 3 --tree-budget 6 --drafts 4 --lookup 10"
+
+
+@torch.no_grad()
+def describe_divergence(model, tokenizer, plain: torch.LongTensor, fast: torch.LongTensor, prompt_len: int) -> str:
+    """Where two outputs `[n]` first differ, and the target's logit gap between their two tokens there (one forward
+    over the common prefix): in low precision a gap of a few hundredths is a near-tie that a multi-token verify
+    forward can round the other way from one-token decoding."""
+    n = min(len(plain), len(fast))
+    differ = (plain[:n] != fast[:n]).nonzero()
+    if len(differ) == 0:  # one output stopped earlier
+        return f"the outputs agree for {n - prompt_len} new tokens, then one of them stops"
+    at = int(differ[0])
+    logits = model(plain[None, :at].to(model.device)).logits[0, -1].float()
+    a, b = int(plain[at]), int(fast[at])
+    return (f"first difference at new token {at - prompt_len + 1}: plain {tokenizer.decode([a])!r}, xPress "
+            f"{tokenizer.decode([b])!r}, whose logits differ by {float(logits[a] - logits[b]):.4f} there (top logit "
+            f"{float(logits.max()):.2f}): a near-tie, rounded the other way in {str(model.dtype).removeprefix('torch.')} "
+            "by a multi-token verify forward; float32 is token-exact (README, Limits)")
 
 
 def slow_fp32_note(rows: list[dict], dtype: str) -> str | None:

@@ -469,7 +469,9 @@ PER_CALL_SETTINGS = ("tree_width", "tree_budget", "lookup_branch")  # `tree_deco
 def check_drafter_settings(config: XPressDrafterConfig) -> None:
     """Raise a `ValueError` naming an inference setting that a loaded drafter's config holds (settings change there
     after loading) but that validation refuses, or a tree setting put there, where nothing reads it."""
-    config.validate_xpress()
+    validate = getattr(config, "validate_xpress", None)  # a remote-code copy from before it existed has none
+    if validate is not None:
+        validate()
     misplaced = [name for name in PER_CALL_SETTINGS if hasattr(config, name)]
     if misplaced:
         raise ValueError(
@@ -485,9 +487,10 @@ def first_stop(criteria, input_ids: torch.LongTensor, tokens: list[int]) -> int 
     None if none does."""
     for j in range(len(tokens)):
         sequence = torch.cat([input_ids, input_ids.new_tensor([tokens[: j + 1]])], dim=1)
-        for criterion in criteria:
+        fired = False
+        for criterion in criteria:  # every one, as `StoppingCriteriaList` calls them (some keep state)
             try:
-                fired = bool(criterion(sequence, None).any())
+                result = criterion(sequence, None)
             except Exception as err:  # a user's criterion that needs the target's scores, which drafts do not have yet
                 raise ValueError(
                     f"{type(criterion).__name__} failed on a draft token ({type(err).__name__}: {err}). With an xPress "
@@ -495,8 +498,9 @@ def first_stop(criteria, input_ids: torch.LongTensor, tokens: list[int]) -> int 
                     "called on draft tokens before the target scores them, with scores=None: it must depend on the "
                     "tokens only."
                 ) from err
-            if fired:
-                return j
+            fired = bool(torch.as_tensor(result).any()) or fired  # a tensor per row, or a plain bool
+        if fired:
+            return j
     return None
 
 

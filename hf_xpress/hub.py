@@ -260,8 +260,8 @@ def publish(
                                          delete_patterns=PUBLISHED_PATTERNS)
             except Exception as err:  # huggingface_hub's HTTP errors, its HTTP client's network errors, ...
                 raise PublishError(f"could not upload to the Hub repository {destination} "
-                                   f"({type(err).__name__}: {err}); nothing of this push was kept locally, write a "
-                                   "folder first with --local to keep it") from err
+                                   f"({type(err).__name__}: {err}); nothing of this push was kept locally: publish to a "
+                                   "folder first (`hf-xpress push --local`) to keep it") from err
         return str(getattr(info, "commit_url", None) or f"https://huggingface.co/{destination}")
 
     if repo_id is not None:

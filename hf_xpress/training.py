@@ -199,8 +199,9 @@ def jsonl_exchanges(path: str, limit: int | None) -> Iterator[tuple[str, list[di
     its line."""
     from .assets import _checked_message, jsonl_rows
 
-    rows = jsonl_rows(path)
-    for where, lineno, row in rows if limit is None else itertools.islice(rows, limit):
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be None or at least 0, got {limit}")
+    for where, lineno, row in itertools.islice(jsonl_rows(path), limit):
         if isinstance(row, dict) and isinstance(row.get("messages"), list) and row["messages"]:
             msgs = [_checked_message(m, where) for m in row["messages"]]
         elif isinstance(row, dict) and isinstance(row.get("prompt"), str):
@@ -2748,7 +2749,7 @@ Trained with `hf-xpress train` (see `scripts/` and `docs/training.md` in the hf-
   Losses over the {cfg['train_vocab'] or 'full'} most frequent target labels of the training split (training vocabulary; the
   refiner's output rows for other tokens are zero). Drafts at inference are restricted to the draft vocabulary when the
   folder has one (below); `refiner_shortlist`, if set, only limits the refiner's correction to the drafter's top candidates.
-- **Budget**: {state['step']} steps x {cfg['batch_size']} sequences x {cfg['anchors_per_seq']} anchors = {state['blocks']} blocks{f" (losses on slots 1..{cfg['loss_slots']} of each)" if cfg.get('loss_slots') else ''},
+- **Budget**: {state['step'] - state['skipped']} steps x {cfg['batch_size']} sequences x {cfg['anchors_per_seq']} anchors = {state['blocks']} blocks{f" (losses on slots 1..{cfg['loss_slots']} of each)" if cfg.get('loss_slots') else ''},
   {state['tokens']} training tokens (target tokens read), {state['train_seconds'] / 60:.1f} minutes of training on {_training_device(cfg, state)}
   ({cfg['mixed_precision']} autocast); AdamW lr {cfg['lr']}, {_regularisation(cfg)}, cosine, {cfg['warmup']:.0%} warm-up, clip {cfg['clip']}; {state['skipped']} skipped steps.
 {_warm_start_line(cfg, state, saved.get("earlier_runs"))}{inference}- **Shipped checkpoint**: `{args.checkpoint}`, step {shipped_step}{f" (best held-out tau_est of the run: {best['tau_est']:.3f} at step {best['step']})" if best else ''}.

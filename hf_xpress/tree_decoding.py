@@ -227,7 +227,7 @@ def tree_decoding(
     tree_width, tree_budget = int(tree_width), (None if tree_budget is None else int(tree_budget))
     if tree_width < 1:
         raise ValueError(f"tree_width must be at least 1, got {tree_width}.")
-    if tree_budget is not None and int(tree_budget) < 1:
+    if tree_budget is not None and tree_budget < 1:
         raise ValueError(f"tree_budget must be at least 1 draft node (or None for a fixed tree), got {tree_budget}.")
     if getattr(generation_config, "assistant_ensemble_weight", None) is not None:
         raise ValueError("tree_decoding verifies against the target alone; assistant_ensemble_weight is not supported.")

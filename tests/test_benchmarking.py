@@ -560,6 +560,8 @@ def test_bench_checks_its_settings_before_loading_or_running(tmp_path, capsys):
         (["--block-repeats", "0"], "--block-repeats must be at least 1"),
         (["--device", "foo"], "--device 'foo': not a torch device"),
         (["--sets", "humaneval,nosuchset"], "--sets: unknown prompt set 'nosuchset'"),
+        (["--confidence", "0,1"], "--confidence takes thresholds in [0, 1)"),
+        (["--passes", "2,-1"], "--passes takes integers >= 0"),
         (["--sets", str(tmp_path / "nowhere.jsonl")], f"--sets: {tmp_path / 'nowhere.jsonl'} is not a file"),
         (["--sets", "mtbench,math500,mtbench"], "--sets: mtbench is given twice"),
         (["--out", str(afile / "sub")], f"--out {afile / 'sub'}: cannot create the output folder"),

@@ -567,12 +567,13 @@ def converted(tmp_path_factory):
 
 
 @pytest.mark.parametrize("refiner", [None, "xpress", "markov"])
-def test_vllm_export_layout_and_round_trip(tmp_path, target, converted, refiner):
+def test_vllm_export_layout_and_round_trip(tmp_path, target, converted, refiner, monkeypatch):
     drafter = converted[refiner]
+    monkeypatch.chdir(tmp_path)  # a relative output folder (stale shards were looked for at vllm/vllm/...)
     (tmp_path / "vllm").mkdir()  # an earlier sharded export there: its shards would be loaded with the new weights
     for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"):
         (tmp_path / "vllm" / name).write_text("stale")
-    result = cv.export_vllm(drafter, tmp_path / "vllm")
+    result = cv.export_vllm(drafter, "vllm")
     cfg = json.loads((tmp_path / "vllm" / "config.json").read_text())
     tensors = load_file(tmp_path / "vllm" / "model.safetensors")
     assert sorted(p.name for p in (tmp_path / "vllm").iterdir()) == ["config.json", "model.safetensors"]
@@ -624,7 +625,7 @@ def test_vllm_export_layout_and_round_trip(tmp_path, target, converted, refiner)
     command = result.serve_command("Qwen/Qwen3-8B")
     assert command.startswith("vllm serve Qwen/Qwen3-8B")
     spec = json.loads(command.split("--speculative-config '")[1].split("'")[0])
-    assert spec == {"method": result.method, "model": str(tmp_path / "vllm"), "num_speculative_tokens": B - 1}
+    assert spec == {"method": result.method, "model": "vllm", "num_speculative_tokens": B - 1}
 
 
 def test_vllm_export_drops_the_draft_vocabulary_with_a_warning(tmp_path, converted, caplog):
@@ -728,6 +729,9 @@ def test_cli_refuses_a_target_the_checkpoint_was_not_trained_for_and_a_file_as_o
         assert main([command, str(base), str(tmp_path / "used")]) == 2
         assert "used exists and is not empty" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "used").iterdir()] == ["model-00001-of-00002.safetensors"]
+    (tmp_path / "clone" / ".git").mkdir(parents=True)  # a cloned Hub repository: hidden files only
+    (tmp_path / "clone" / ".gitattributes").write_text("*.safetensors filter=lfs\n")
+    assert main(["convert", str(base), str(tmp_path / "clone")]) == 0
 
 
 def test_a_hand_edited_zlab_config_is_a_malformed_checkpoint_not_a_crash(tmp_path, capsys):

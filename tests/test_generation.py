@@ -377,6 +377,15 @@ def test_a_criterion_that_needs_the_targets_scores_is_named(target):
     ids = torch.randint(0, 126, (1, 9))
     target.generate(ids, max_new_tokens=4, do_sample=False, output_scores=True, return_dict_in_generate=True,
                     stopping_criteria=StoppingCriteriaList([ScoreCapped()]))  # plain generate passes it scores
+
+    class PlainBool(StoppingCriteria):  # a criterion returning a Python bool, as StoppingCriteriaList allows
+        def __call__(self, input_ids, scores, **kwargs):
+            return input_ids.shape[1] >= 12
+
+    plain = target.generate(ids, max_new_tokens=8, do_sample=False, stopping_criteria=StoppingCriteriaList([PlainBool()]))
+    ours = target.generate(ids, assistant_model=drafter, max_new_tokens=8, do_sample=False,
+                           stopping_criteria=StoppingCriteriaList([PlainBool()]))
+    assert torch.equal(ours, plain) and plain.shape[1] == 12
     with pytest.raises(ValueError, match=r"ScoreCapped failed on a draft token \(AttributeError: .*scores=None: it "
                                          r"must depend on the tokens only"):
         target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False, output_scores=True,

@@ -185,6 +185,27 @@ def test_demo_explains_an_fp32_speed_up_below_one_and_names_the_fast_setting():
     assert (args.dtype, args.tree, args.tree_budget, args.drafts, args.lookup) == ("bfloat16", 3, 6, 4, 10)
 
 
+def test_demo_explains_where_a_low_precision_output_differs_and_by_what_logit_gap(smollm2):
+    """A bf16 output that differs was reported as "identical: False" and nothing more: the demo now names the first
+    differing token and the target's logit gap between the two tokens there (the near-tie)."""
+    from hf_xpress.demo import describe_divergence
+
+    model, tokenizer = smollm2
+    ids = torch.tensor([apply_chat_template(tokenizer, [{"role": "user", "content": "Name a colour."}])])
+    plain = model.generate(ids, max_new_tokens=5, do_sample=False)[0]
+    n = ids.shape[1]
+    logits = model(plain[None, : n + 2]).logits[0, -1]
+    other = int(logits.topk(2).indices[1])  # the runner-up at new token 3
+    fast = torch.cat([plain[: n + 2], torch.tensor([other])])
+    text = describe_divergence(model, tokenizer, plain, fast, n)
+    gap = float(logits[plain[n + 2]] - logits[other])
+    assert text.startswith(f"first difference at new token 3: plain {tokenizer.decode([int(plain[n + 2])])!r}, xPress "
+                           f"{tokenizer.decode([other])!r}, whose logits differ by {gap:.4f} there")
+    assert "float32" in text and gap > 0
+    assert describe_divergence(model, tokenizer, plain, plain[:-1], n) == (
+        "the outputs agree for 4 new tokens, then one of them stops")
+
+
 def test_demo_exit_status_fails_on_an_fp32_mismatch_only(monkeypatch):
     from hf_xpress import demo
     from hf_xpress.cli import main

@@ -1659,6 +1659,13 @@ def test_jsonl_sources_name_bad_files_and_their_lines(tmp_path):
     latin.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
     with pytest.raises(ValueError, match="latin.jsonl:2: not UTF-8 text"):
         list(T.jsonl_exchanges(str(latin), None))
+    assert [i for i, _ in T.jsonl_exchanges(str(latin), 1)] == [f"latin/1:{i.split(':')[1]}" for i, _ in
+                                                                  T.jsonl_exchanges(str(latin), 1)]  # stops at the limit
+    for limit in (None, 0):  # a limit of 0 still names a missing file or a folder (nothing was read before)
+        with pytest.raises(FileNotFoundError, match="missing.jsonl: no such file"):
+            list(T.jsonl_exchanges(str(tmp_path / "missing.jsonl"), limit))
+        with pytest.raises(ValueError, match="is a folder, not a jsonl file"):
+            list(T.jsonl_exchanges(str(tmp_path), limit))
 
 
 def _collect_args(source: str, **kw) -> argparse.Namespace:

@@ -2600,6 +2600,14 @@ def _regularisation(cfg: dict) -> str:
     return text
 
 
+def _adapted(cfg: dict) -> str:
+    """How a warm-started run changed its drafter (`--grow-layers`, `--lora`), for the card's drafter line."""
+    grown = f", {cfg['grow_layers']} of them added (identity-initialised) to the warm start's" if cfg.get("grow_layers") else ""
+    lora = (f"; the drafter trained through LoRA adapters (r = {cfg.get('lora_rank', 16)}), merged into its weights, the "
+            "refiner fully") if cfg.get("lora") else ""
+    return grown + lora
+
+
 def _warm_start_line(cfg: dict, state: dict, earlier: list[dict] | None = None) -> str:
     """A model-card line for a run that started from an earlier run's drafter (`--init-drafter`), with the totals.
 
@@ -2714,9 +2722,11 @@ def _ship_card(args: argparse.Namespace, run: Path, out: Path, name: str) -> Non
                              "--reference file?)")
         setup = measured.get("_setup", {})
         recorded = setup.get("drafter_sha256")
-        if method == this_method and recorded and this_weights and recorded != this_weights:
-            raise ValueError(f"ship: --tau {item!r} measured {setup.get('drafter')}, not this run's {args.checkpoint} "
-                             f"checkpoint (other weights); measure the shipped checkpoint or name the column otherwise")
+        same_kind = setup["refiner"] == cfg["refiner"] if "refiner" in setup else method == this_method
+        if same_kind and recorded and this_weights and recorded != this_weights:
+            raise ValueError(f"ship: --tau {item!r} measured {setup.get('drafter')}, a drafter of this run's kind with "
+                             f"other weights than the shipped `{args.checkpoint}` checkpoint; measure that checkpoint, or "
+                             "ship the one measured (--checkpoint)")
         args.limit, args.max_new_tokens = setup.get("limit", args.limit), setup.get("max_new_tokens", args.max_new_tokens)
         skip = setup.get("skip", 0)
         prompts = tuple(sorted((k, v["prompts"]) for k, v in rows.items()))
@@ -2734,7 +2744,8 @@ def _ship_card(args: argparse.Namespace, run: Path, out: Path, name: str) -> Non
 
     packaged = GGUF_MODELS.get(cfg["target"])
     target_name = packaged.hub_id if packaged is not None and packaged.hub_id else cfg["target"]
-    mask_id = XPressDrafterConfig.from_pretrained(out).mask_token_id
+    shape = XPressDrafterConfig.from_pretrained(out)  # what was shipped (`--layers` etc. do not apply to a warm start)
+    mask_id = shape.mask_token_id
     mask_note = " (`<empty_output>`, never used in chat)" if packaged is SMOLLM2 and mask_id == 16 else ""
     training = f"""Target: `{cfg['target']}` ({target_name}, frozen{f", {str(packaged.dtype).removeprefix('torch.')}" if packaged else ""}). Mask token id {mask_id}{mask_note}.
 Trained with `hf-xpress train` (see `scripts/` and `docs/training.md` in the hf-xpress repository).
@@ -2743,13 +2754,13 @@ Trained with `hf-xpress train` (see `scripts/` and `docs/training.md` in the hf-
   `{manifest['sources']}`, seed {manifest['seed']}: {describe_sources(manifest)}; chat template applied, max {manifest['max_len']} tokens), labelled by
   one teacher-forced target forward (targets = the target's own next-token distribution and argmax at each
   position).{extended} Every {cfg['heldout_every']}th sequence held out ({min(cfg['heldout_seqs'], len(heldout))} used for evaluation).
-- **Drafter**: {cfg['layers']} layers, target layers {list(XPressDrafterConfig.from_pretrained(out).target_layer_ids)}, block {cfg['block_size']}, refiner
-  `{refiner}` (rank {cfg['refiner_rank']}); {_count_parameters(out) / 1e6:.2f}M parameters stored as bf16 safetensors.
+- **Drafter**: {shape.num_hidden_layers} layers, target layers {list(shape.target_layer_ids)}, block {shape.block_size}, {f"refiner `{refiner}` (rank {shape.refiner_rank})" if refiner else "no refiner"}{_adapted(cfg)};
+  {_count_parameters(out) / 1e6:.2f}M parameters stored as bf16 safetensors.
 - **Objective**: {'dFlash CE against the target argmax' if refiner is None else ('teacher-forced + 0.6 x drafter-anchor' if refiner == 'markov' else 'teacher-forced + 0.3 x mean of 3 free-running Jacobi rounds + 0.6 x drafter-anchor')}{'' if refiner is None else f", each {cfg.get('ce_weight', 0.1)} x CE + {cfg.get('tv_weight', 0.9)} x TV(q, p_target)"}, slot weights exp(-(k-1)/{cfg['gamma']}).
   Losses over the {cfg['train_vocab'] or 'full'} most frequent target labels of the training split (training vocabulary; the
   refiner's output rows for other tokens are zero). Drafts at inference are restricted to the draft vocabulary when the
   folder has one (below); `refiner_shortlist`, if set, only limits the refiner's correction to the drafter's top candidates.
-- **Budget**: {state['step'] - state['skipped']} steps x {cfg['batch_size']} sequences x {cfg['anchors_per_seq']} anchors = {state['blocks']} blocks{f" (losses on slots 1..{cfg['loss_slots']} of each)" if cfg.get('loss_slots') else ''},
+- **Budget**: {state['step'] - state['skipped']} steps x {cfg['batch_size']} sequences x up to {cfg['anchors_per_seq']} anchors (fewer in short responses) = {state['blocks']} blocks{f" (losses on slots 1..{cfg['loss_slots']} of each)" if cfg.get('loss_slots') else ''},
   {state['tokens']} training tokens (target tokens read), {state['train_seconds'] / 60:.1f} minutes of training on {_training_device(cfg, state)}
   ({cfg['mixed_precision']} autocast); AdamW lr {cfg['lr']}, {_regularisation(cfg)}, cosine, {cfg['warmup']:.0%} warm-up, clip {cfg['clip']}; {state['skipped']} skipped steps.
 {_warm_start_line(cfg, state, saved.get("earlier_runs"))}{inference}- **Shipped checkpoint**: `{args.checkpoint}`, step {shipped_step}{f" (best held-out tau_est of the run: {best['tau_est']:.3f} at step {best['step']})" if best else ''}.

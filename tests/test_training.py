@@ -1004,6 +1004,20 @@ def test_warm_start_chain_is_recorded_for_the_model_card(tmp_path):
                               saved["state"], runs)
     assert line.startswith("- **Warm start**: this run started from `drafters/smollm2-135m-xpress-b16` as committed at "
                            "98625d6; the recorded runs")
+    # the card's drafter line is the shipped drafter's, not the run's --layers (which a warm start ignores): one layer
+    # grown onto A's 1 was shipped as "1 layers"
+    T.Trainer(_cfg(data, tmp_path / "d", max_steps=1, eval_every=0, init_drafter=str(tmp_path / "a" / "final"),
+                   grow_layers=1), target=target).run()
+    manifest = json.loads((data / "manifest.json").read_text())
+    (data / "manifest.json").write_text(json.dumps(dict(manifest, seed=0, max_len=64)))  # what `hf-xpress data` records
+    ship = argparse.Namespace(run=str(tmp_path / "d"), checkpoint="final", out=str(tmp_path / "shipped-d"), tau=[],
+                              limit=10, max_new_tokens=128, limitations="small", set=None)
+    assert T.ship_main(ship) == 0
+    card = (tmp_path / "shipped-d" / "README.md").read_text()
+    assert "- **Drafter**: 2 layers, target layers" in card and "refiner `xpress` (rank 8), 1 of them added" in card
+    assert "x 2 sequences x up to 4 anchors (fewer in short responses) =" in card
+
+
 
 
 def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
@@ -1078,9 +1092,20 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
     other.write_text(json.dumps({"_setup": {"limit": 3, "max_new_tokens": 16, "drafter": "elsewhere",
                                             "drafter_sha256": "0" * 64},
                                  "mtbench": {"tau": 1.7, "identical_to_greedy": 2, "prompts": 2}}))
-    with pytest.raises(ValueError, match="measured elsewhere, not this run's best checkpoint"):
+    with pytest.raises(ValueError, match="measured elsewhere, a drafter of this run's kind with other weights than "
+                                         "the shipped `best` checkpoint"):
         T.ship_main(argparse.Namespace(**{**vars(args), "tau": [f"+ xPress={other}"]}))
     T.ship_main(argparse.Namespace(**{**vars(args), "tau": [f"dFlash={other}"]}))  # another drafter's column: fine
+    # a file that records its drafter's refiner: compared by that, whatever the column is called (a column named
+    # "+ xPress (LoRA)" for the run's final weights was shipped with its best ones)
+    setup = {"limit": 3, "max_new_tokens": 16, "drafter": "elsewhere", "drafter_sha256": "0" * 64}
+    other.write_text(json.dumps({"_setup": dict(setup, refiner="xpress"),
+                                 "mtbench": {"tau": 1.7, "identical_to_greedy": 2, "prompts": 2}}))
+    with pytest.raises(ValueError, match="other weights than the shipped `best` checkpoint"):
+        T.ship_main(argparse.Namespace(**{**vars(args), "tau": [f"+ xPress (LoRA)={other}"]}))
+    other.write_text(json.dumps({"_setup": dict(setup, refiner=None),
+                                 "mtbench": {"tau": 1.7, "identical_to_greedy": 2, "prompts": 2}}))
+    T.ship_main(argparse.Namespace(**{**vars(args), "tau": [f"+ xPress={other}"]}))  # a dFlash drafter's: fine
     reference = tmp_path / "reference.json"
     reference.write_text(json.dumps({"_settings": {}, "humaneval": {"p": [1, 2]}}))
     listed = tmp_path / "list.json"

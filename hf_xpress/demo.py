@@ -4,6 +4,7 @@ xPress drafter, against plain greedy `generate` on the same prompts: text, accep
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from pathlib import Path
 
@@ -108,10 +109,16 @@ def describe_divergence(model, tokenizer, plain: torch.LongTensor, fast: torch.L
     at = int(differ[0])
     logits = model(plain[None, :at].to(model.device)).logits[0, -1].float()
     a, b = int(plain[at]), int(fast[at])
-    return (f"first difference at new token {at - prompt_len + 1}: plain {tokenizer.decode([a])!r}, xPress "
-            f"{tokenizer.decode([b])!r}, whose logits differ by {float(logits[a] - logits[b]):.4f} there (top logit "
-            f"{float(logits.max()):.2f}): a near-tie, rounded the other way in {str(model.dtype).removeprefix('torch.')} "
-            "by a multi-token verify forward; float32 is token-exact (README, Limits)")
+    top = float(logits.max())
+    where = (f"first difference at new token {at - prompt_len + 1}: plain {tokenizer.decode([a])!r}, xPress "
+             f"{tokenizer.decode([b])!r}, whose logits differ by {float(logits[a] - logits[b]):.4f} there (top logit "
+             f"{top:.2f}")
+    if model.dtype == torch.float32:
+        return where + "): float32 greedy decoding should be token-exact; please report this"
+    # the spacing of representable values at the top logit's magnitude: the rounding a different forward can flip
+    ulp = torch.finfo(model.dtype).eps * 2.0 ** math.floor(math.log2(max(abs(top), 1e-30)))
+    return (where + f"; {ulp:g} is one step of {str(model.dtype).removeprefix('torch.')} at that magnitude): a "
+            "near-tie, rounded the other way by a multi-token verify forward; float32 is token-exact (README, Limits)")
 
 
 def slow_fp32_note(rows: list[dict], dtype: str) -> str | None:

@@ -187,6 +187,13 @@ def _walk(tokens: list[int], parents: list[int], choices: list[int]) -> tuple[li
     return rows, new + [target]
 
 
+def _is_integer(value) -> bool:
+    """An int, a numpy integer or a 0-d integer tensor; not a bool."""
+    if isinstance(value, torch.Tensor):
+        return value.ndim == 0 and not (value.is_floating_point() or value.is_complex() or value.dtype == torch.bool)
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def tree_decoding(
     model,
     input_ids: torch.LongTensor,
@@ -221,8 +228,7 @@ def tree_decoding(
                          "hf_xpress.tree_decoding, drafter=drafter); got "
                          f"{'nothing' if drafter is None else type(drafter).__name__}.")
     for name, value, optional in (("tree_width", tree_width, False), ("tree_budget", tree_budget, True)):
-        if (value is None and not optional) or (
-                value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral))):
+        if not (value is None and optional) and not _is_integer(value):
             raise ValueError(f"{name} must be an integer{' or None' if optional else ''}, got {value!r}.")
     tree_width, tree_budget = int(tree_width), (None if tree_budget is None else int(tree_budget))
     if tree_width < 1:

@@ -587,8 +587,11 @@ def test_unsupported_requests_are_clear_errors(target):
     with pytest.raises(ValueError, match="tree_width must be an integer, got None"):  # was int(None) inside
         _tree_generate(target, ids, drafter, None, max_new_tokens=4)
     # numpy / torch integers are integers (they were refused as "must be an integer, got np.int64(2)")
-    assert torch.equal(_tree_generate(target, ids, drafter, np.int64(2), max_new_tokens=4, tree_budget=np.int32(4)),
+    assert torch.equal(_tree_generate(target, ids, drafter, np.int64(2), max_new_tokens=4, tree_budget=torch.tensor(4)),
                        _tree_generate(target, ids, drafter, 2, max_new_tokens=4, tree_budget=4))
+    for bad in (torch.tensor(2.0), torch.tensor([2]), True):
+        with pytest.raises(ValueError, match="tree_width must be an integer, got"):
+            _tree_generate(target, ids, drafter, bad, max_new_tokens=4)
     with pytest.raises(ValueError, match="return_dict_in_generate"):
         _tree_generate(target, ids, drafter, 2, max_new_tokens=4, return_dict_in_generate=True)
     with pytest.raises(ValueError, match="assistant_ensemble_weight"):

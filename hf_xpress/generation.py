@@ -588,6 +588,8 @@ def install() -> None:
                 tokenizer=bound.arguments.get("target_tokenizer"),
                 stopping_criteria=_ASSISTED_STOPPING_CRITERIA.get(),
             )
+        if is_xpress_drafter(assistant):  # transformers' native DFlash path records none: not the previous call's
+            assistant.stats = None
         return original(self, *args, **kwargs)
 
     original_assisted = GenerationMixin._assisted_decoding

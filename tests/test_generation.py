@@ -70,8 +70,11 @@ def test_sliding_window_and_causal_drafter_layers_are_lossless(target):
     drafter.refiner, drafter.config.refiner = None, None
     for ids in _prompts(4):
         plain = target.generate(ids, max_new_tokens=24, do_sample=False)
+        assert drafter.stats is not None and drafter.stats.rounds > 0  # the xPress call before
         native = target.generate(ids, assistant_model=drafter, max_new_tokens=24, do_sample=False, speculation_type="dflash")
         assert torch.equal(plain, native), ids.shape
+        assert drafter.stats is None  # transformers' path records none: it held the previous call's
+        target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)
 
 
 def _repetitive_prompts(n: int) -> list[torch.Tensor]:

@@ -960,7 +960,7 @@ def collect_sequences(args: argparse.Namespace, target: Any, tokenizer: Any, out
     benchmarks = BenchmarkFilter()
     for spec in args.source.split(","):
         kind, _, arg = spec.partition(":")
-        n_before = len(seqs)
+        n_before, seen_before = len(seqs), seen
         exchanges = {"sharegpt": lambda: sharegpt_exchanges(args.num_prompts, args.skip_prompts),
                      "jsonl": lambda: jsonl_exchanges(arg, args.num_prompts),
                      "stdlib": lambda: stdlib_exchanges(args.num_code),
@@ -1004,7 +1004,11 @@ def collect_sequences(args: argparse.Namespace, target: Any, tokenizer: Any, out
             raise ValueError(f"unknown source {spec!r}: sharegpt, stdlib, pyfunc, jsonl:PATH, regen-sharegpt, "
                              "regen-stdlib, regen-pyfunc, regen-maths, regen-chat, regen-jsonl:PATH, dataset:PATH")
         counts[spec] = len(seqs) - n_before
-        print(f"[data] {spec}: {counts[spec]} sequences", flush=True)
+        given = seen - seen_before
+        print(f"[data] {spec}: {counts[spec]} sequences" + (
+            f" of the {given} exchanges it gave (the others: prompts over --max-prompt {args.max_prompt} or "
+            f"--max-len {args.max_len}, responses under 8 tokens after truncation, or benchmark questions)"
+            if given > counts[spec] else ""), flush=True)
     if benchmarks.dropped:
         print(f"[data] left out {len(benchmarks.dropped)} prompts that hold a question of the benchmark sets "
               f"(HumanEval, MT-Bench, MMATH), e.g. {benchmarks.dropped[0]!r}: a drafter is never trained on them",

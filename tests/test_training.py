@@ -1716,7 +1716,9 @@ def test_data_sources_leave_out_benchmark_questions_and_name_empty_results(tmp_p
     chats.write_text("\n".join(json.dumps(r) for r in rows))
     seqs = T.collect_sequences(_collect_args(f"jsonl:{chats}", max_prompt=4000, max_len=4096), None, _CharTok(),
                                tmp_path / "ds")
-    assert len(seqs) == 1 and "left out 1 prompts that hold a question of the benchmark sets" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert len(seqs) == 1 and "left out 1 prompts that hold a question of the benchmark sets" in out
+    assert f"[data] jsonl:{chats}: 1 sequences of the 2 exchanges it gave (the others: prompts over" in out
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(ValueError, match="the sources gave no sequences"):

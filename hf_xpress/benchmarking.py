@@ -1627,7 +1627,8 @@ def set_keys(names: Sequence[str]) -> dict[str, str]:
     return keys
 
 
-def _load_sets(names: Sequence[str], limit: int | None, target, tokenizer, max_new_tokens: int) -> dict[str, list]:
+def _load_sets(keys: dict[str, str], limit: int | None, target, tokenizer, max_new_tokens: int) -> dict[str, list]:
+    """The prompts of each set of `keys` (`set_keys`), under the name it is reported by."""
     from .assets import apply_chat_template, load_prompts
 
     def first_answer(messages):
@@ -1636,9 +1637,9 @@ def _load_sets(names: Sequence[str], limit: int | None, target, tokenizer, max_n
         return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
     sets = {key: load_prompts(name, limit, first_answer=first_answer if name == "mtbench2" else None)
-            for name, key in set_keys(names).items()}
+            for name, key in keys.items()}
     if not any(sets.values()):
-        raise ValueError(f"--sets {','.join(names) or '(none)'}: no prompts to run")
+        raise ValueError(f"--sets {','.join(keys) or '(none)'}: no prompts to run")
     return sets
 
 
@@ -1739,8 +1740,7 @@ def main(args: argparse.Namespace) -> int:
         tree_temperatures=_optional_floats(args.tree_temperature),
     )
     _check_run_numbers(args)
-    set_names = [s.strip() for s in args.sets.split(",") if s.strip()]
-    set_keys(set_names)
+    set_names = set_keys([s.strip() for s in args.sets.split(",") if s.strip()])  # checked before any model loads
     out_dir = Path(args.out)
     _check_out_dir(out_dir)
     if args.threads:

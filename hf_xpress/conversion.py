@@ -295,14 +295,17 @@ def dflash_config_to_xpress(
     block_size = raw.get("block_size", dflash.get("block_size"))
     if block_size is None:
         raise ConversionError(f"{name} records no block_size (top level or dflash_config).")
+    def integer(value) -> bool:  # JSON's numbers: a bool is not one
+        return isinstance(value, int) and not isinstance(value, bool)
+
     for key, value in (("mask_token_id", mask_token_id), ("block_size", block_size)):
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not integer(value):
             raise ConversionError(f"{name}: {key} must be an integer, got {value!r}.")
     text = _target_text_config(target)
     num_layers = int(raw["num_hidden_layers"])
     hidden = int(raw["hidden_size"])
     ids = dflash.get("target_layer_ids")
-    if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+    if ids is not None and (not isinstance(ids, list) or not all(integer(i) for i in ids)):
         raise ConversionError(f"{name}: dflash_config.target_layer_ids must be a list of integers, got {ids!r}.")
     raw_depth = raw.get("num_target_layers")
     if ids is None:

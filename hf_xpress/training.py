@@ -197,10 +197,9 @@ def jsonl_exchanges(path: str, limit: int | None) -> Iterator[tuple[str, list[di
     """`(id, messages)` from a jsonl of `{"prompt"}`/`{"messages"}` rows (a response appended by regeneration) or of
     `{"messages": [..., {"role": "assistant"}]}` chats (kept as they are). A malformed row is a `ValueError` naming
     its line."""
-    from .assets import _checked_message, jsonl_rows
+    from .assets import _check_limit, _checked_message, jsonl_rows
 
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be None or at least 0, got {limit}")
+    _check_limit(limit)
     for where, lineno, row in itertools.islice(jsonl_rows(path), limit):
         if isinstance(row, dict) and isinstance(row.get("messages"), list) and row["messages"]:
             msgs = [_checked_message(m, where) for m in row["messages"]]

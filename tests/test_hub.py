@@ -222,7 +222,7 @@ def test_published_folder_loads_in_fresh_processes_and_generates_like_the_origin
     assert remote["plain"] == reference[0]["tokens"]  # greedy speculative decoding is lossless
 
 
-def test_push_to_hub_uploads_exactly_the_published_folder(published, monkeypatch):
+def test_push_to_hub_uploads_exactly_the_published_folder(published, monkeypatch, tmp_path):
     import huggingface_hub
 
     calls = {}
@@ -264,15 +264,19 @@ def test_push_to_hub_uploads_exactly_the_published_folder(published, monkeypatch
         assert calls["files"][name] == data, name
     # a repo id is recognised as such; an existing or explicit path is a folder
     assert hub._is_repo_id(REPO_ID) and not hub._is_repo_id(str(local)) and not hub._is_repo_id("./a/b")
-    monkeypatch.chdir(local.parent)  # a new folder inside an existing one is a folder, never an upload
-    assert not hub._is_repo_id(f"{local.name}/new-drafter") and hub._is_repo_id("someone/new-drafter")
+    # a new folder inside an existing one is a folder, never an upload (not inside the shared published folder,
+    # which other tests list)
+    (tmp_path / "existing").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert not hub._is_repo_id("existing/new-drafter") and hub._is_repo_id("someone/new-drafter")
     calls.clear()  # --repo-id names the repository in the card and the recipe; the upload goes to the destination
     hub.publish(published["drafter"], "someone/destination", repo_id="someone/card-name", target="t", push=True)
     assert calls["create"][0] == calls["repo_id"] == "someone/destination"
     assert 'custom_generate="someone/card-name"' in calls["files"]["README.md"].decode()
     calls.clear()
-    where = hub.publish(published["drafter"], f"{local.name}/new-drafter", target="tiny/Qwen3-tiny")
-    assert calls == {} and (local / "new-drafter" / "config.json").exists() and Path(where) == Path(local.name) / "new-drafter"
+    where = hub.publish(published["drafter"], "existing/new-drafter", target="tiny/Qwen3-tiny")
+    assert calls == {} and (tmp_path / "existing" / "new-drafter" / "config.json").exists()
+    assert Path(where) == Path("existing") / "new-drafter"
 
 
 def test_shipped_drafters_carry_the_packages_remote_code():

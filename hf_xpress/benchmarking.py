@@ -54,7 +54,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .configuration_xpress import INFERENCE_SETTINGS
+from .configuration_xpress import DRAFT_SCHEDULES, INFERENCE_SETTINGS
 
 PLAIN = "plain"
 DEFAULT_PASSES = (1, 2, 4, 6, 8)
@@ -129,6 +129,7 @@ class Method:
     shortlist: int | None = None  # xPress / Markov: refiner_shortlist (None: full vocabulary)
     drafts: int | None = None  # ours: num_assistant_tokens, drafts per round (None: B-1)
     confidence: float = 0.0  # ours: assistant_confidence_threshold (0: off)
+    schedule: str = "constant"  # ours, chains: num_assistant_tokens_schedule ("cost": drafts per round from measured costs)
     draft_vocab: bool = True  # ours: draft among the drafter's stored draft vocabulary, if it has one
     tree: int | None = None  # ours: tree verification with this many slot-1 branches (None: a chain)
     tree_budget: int | None = None  # ours, with `tree`: a dynamic tree of this many draft nodes (None: W branches)
@@ -141,7 +142,7 @@ class Method:
         if self.kind == "xpress":
             out.update(passes=self.passes, early_stop=self.early_stop)
         if self.ours:
-            out.update(shortlist=self.shortlist, drafts=self.drafts, confidence=self.confidence,
+            out.update(shortlist=self.shortlist, drafts=self.drafts, confidence=self.confidence, schedule=self.schedule,
                        draft_vocab=self.draft_vocab and getattr(self.model, "draft_vocab", None) is not None,
                        prompt_lookup=self.generate_kwargs.get("prompt_lookup_num_tokens"), tree=self.tree,
                        tree_budget=self.tree_budget, lookup_branch=bool(self.generate_kwargs.get("lookup_branch")))
@@ -169,7 +170,7 @@ class Method:
         shortlist)."""
         lookup = self.generate_kwargs.get("prompt_lookup_num_tokens")
         return (self.drafts, self.confidence, self.draft_vocab, self.tree, self.tree_budget, lookup,
-                bool(self.generate_kwargs.get("lookup_branch")), self.tree_temperature)
+                bool(self.generate_kwargs.get("lookup_branch")), self.tree_temperature, self.schedule)
 
 
 def _drafter_kind(drafter) -> str:
@@ -186,6 +187,7 @@ def build_methods(
     shortlists: Iterable[int | None] = (None,),
     drafts: Iterable[int | None] = (None,),
     confidences: Iterable[float] = (0.0,),
+    schedules: Iterable[str] = ("constant",),
     draft_vocabs: Iterable[bool] = (True,),
     prompt_lookup: int | None = PROMPT_LOOKUP_TOKENS,
     native_dflash: bool = True,
@@ -198,8 +200,10 @@ def build_methods(
 
     drafters: ``(label, XPressDrafterModel)`` pairs. The native DFlash path runs each refiner-less drafter (or, when
     there is none, the first drafter's base, labelled so). Names carry the label only when two drafters of the same
-    kind are given. Each of our methods runs at every `drafts` (drafts per round) x `confidences` (threshold) setting,
-    the Markov head and xPress also at every shortlist; names carry " sl<M>", " n<drafts>", " c<threshold>". A drafter
+    kind are given. Each of our methods runs at every `drafts` (drafts per round; with a schedule other than
+    "constant", its cap) x `confidences` (threshold) x `schedules` (`num_assistant_tokens_schedule`, chains only)
+    setting, the Markov head and xPress also at every shortlist; names carry " sl<M>", " n<drafts>", " c<threshold>",
+    " <schedule>" (not for "constant"). A drafter
     with a stored draft vocabulary also runs without it where `draft_vocabs` holds False (names carry " allV"). Where
     `with_lookup` holds True, each of ours also runs with prompt lookup first (`prompt_lookup_num_tokens` =
     `prompt_lookup`, or the default when prompt lookup alone is off; names carry " +pld"); where it holds "branch",
@@ -216,19 +220,20 @@ def build_methods(
     temperatures = list(tree_temperatures)
 
     def submission(name: str, **method) -> list[Method]:
-        """`name` at every tree width (chain first) x drafts-per-round x confidence-threshold (chains only) x
-        draft-vocabulary on/off x prompt-lookup setting."""
+        """`name` at every tree width (chain first) x drafts-per-round x confidence-threshold and draft-count schedule
+        (chains only) x draft-vocabulary on/off x prompt-lookup setting."""
         has_vocab = getattr(method["model"], "draft_vocab", None) is not None
         return [
-            Method(name + (f" n{n}" if n else "") + (f" c{c:g}" if c else "") + ("" if dv else " allV")
+            Method(name + (f" n{n}" if n else "") + (f" c{c:g}" if c else "") + ("" if sc == "constant" else f" {sc}")
+                   + ("" if dv else " allV")
                    + ("" if w is None else f" tree{w}") + ("" if b is None else f"b{b}")
                    + ("" if t is None else f" t{t:g}") + {False: "", True: " +pld", "branch": " +pldb"}[lookup],
-                   drafts=n, confidence=c, draft_vocab=dv, tree=w, tree_budget=b, tree_temperature=t,
+                   drafts=n, confidence=c, schedule=sc, draft_vocab=dv, tree=w, tree_budget=b, tree_temperature=t,
                    generate_kwargs=({"prompt_lookup_num_tokens": prompt_lookup or PROMPT_LOOKUP_TOKENS} if lookup else {})
                    | ({"lookup_branch": True} if lookup == "branch" else {}),
                    **method)
             for w, b in trees for t in ([None] if b is None else temperatures) for n in drafts
-            for c in (confidences if w is None else [0.0])
+            for c in (confidences if w is None else [0.0]) for sc in (schedules if w is None else ["constant"])
             for dv in (list(draft_vocabs) if has_vocab else [True]) for lookup in with_lookup
             if not (lookup == "branch" and w is None)  # a chain has no tree to join
         ]
@@ -375,7 +380,7 @@ def _drafter_settings(method: Method):
     if method.kind == "xpress":
         cfg.jacobi_passes, cfg.jacobi_early_stop = method.passes, method.early_stop
     cfg.refiner_shortlist = method.shortlist
-    cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = method.drafts, "constant"
+    cfg.num_assistant_tokens, cfg.num_assistant_tokens_schedule = method.drafts, method.schedule
     cfg.assistant_confidence_threshold = method.confidence
     if method.tree_temperature is not None:
         cfg.tree_temperature = method.tree_temperature
@@ -437,7 +442,8 @@ def run_once(
         stats = method.model.stats.as_dict()
         if method.tree is not None:  # no candidate generator round trips to record: the loop's own counts
             result["proposed"], result["accepted"] = stats["proposed"], stats["accepted"]
-        result["stats"] = {k: stats[k] for k in ("rounds", "passes", "lookup", "draft_time", "refine_time", "verify_time")}
+        result["stats"] = {k: stats[k] for k in ("rounds", "passes", "lookup", "draft_time", "refine_time", "verify_time",
+                                                 "plain_steps", "plain_time")}
     return result
 
 
@@ -762,9 +768,13 @@ def _aggregate(rows: list[dict]) -> dict:
             draft = sum(s["draft_time"] for s in stats) / rounds
             refine = sum(s["refine_time"] for s in stats) / rounds
             verify = sum(s["verify_time"] for s in stats) / rounds
-            other = (elapsed - out["prefill_s"]) / rounds - draft - refine - verify
+            plain = sum(s.get("plain_time", 0.0) for s in stats)  # the "cost" schedule's plain steps: not rounds
+            other = (elapsed - out["prefill_s"] - plain) / rounds - draft - refine - verify
             out["per_round_ms"] = {"draft": draft * 1e3, "refine": refine * 1e3, "verify": verify * 1e3,
                                    "other": other * 1e3}
+        plain_steps = sum(s.get("plain_steps", 0) for s in stats)
+        if plain_steps:
+            out["plain_steps"] = plain_steps
         out["mean_passes"] = sum(passes) / len(passes) if passes else 0.0
         # with prompt lookup first: which rounds lookup drafted, and what each kind of round accepted
         kinds = [(looked, a) for r in rows if r.get("stats") for looked, a in zip(r["stats"].get("lookup", []), r["accepted"])]
@@ -1575,6 +1585,15 @@ def _on_off_list(text: str, flag: str = "--early-stop") -> list[bool]:
         raise argparse.ArgumentTypeError(f"{flag} takes on,off (got {text!r})") from None
 
 
+def _schedule_list(text: str) -> list[str]:
+    """"constant,cost" -> ["constant", "cost"] (--schedule: `num_assistant_tokens_schedule` values)."""
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    bad = [v for v in values if v not in DRAFT_SCHEDULES]
+    if bad or not values:
+        raise ValueError(f"--schedule takes comma-separated values of {', '.join(DRAFT_SCHEDULES)}, got {text!r}")
+    return values
+
+
 def _lookup_list(text: str) -> list[bool | str]:
     """--with-lookup: off / on (lookup first) / branch (lookup's continuation joins a tree), comma-separated."""
     items = [x.strip().lower() for x in text.split(",") if x.strip()]
@@ -1668,6 +1687,7 @@ def _method_from(described: dict) -> Method:
     method = Method(described["name"], described["kind"])
     if method.ours:
         method.drafts, method.confidence = described.get("drafts"), described.get("confidence", 0.0)
+        method.schedule = described.get("schedule", "constant")
         method.draft_vocab = " allV" not in described["name"]  # requested (describe() says whether one was used)
         method.tree = described.get("tree")
         method.tree_budget = described.get("tree_budget")
@@ -1709,7 +1729,7 @@ def main(args: argparse.Namespace) -> int:
             saved = json.loads(source.read_text(encoding="utf-8"))
             results = resummarize(saved)
         except (OSError, ValueError, KeyError, TypeError) as error:
-            raise SystemExit(f"--from-results {source}: not a results.json written by `hf-xpress bench` ({error!r})")
+            raise ValueError(f"--from-results {source}: not a results.json written by `hf-xpress bench` ({error!r})")
         out_dir = Path(args.out) if args.out != DEFAULT_OUT else source.parent
         _check_out_dir(out_dir)
         paths = write_outputs(results, out_dir)
@@ -1731,6 +1751,7 @@ def main(args: argparse.Namespace) -> int:
         shortlists=_optional_ints(args.shortlist),
         drafts=_optional_ints(args.drafts, flag="--drafts"),
         confidences=confidences,
+        schedules=_schedule_list(args.schedule),
         draft_vocabs=_on_off_list(args.draft_vocab, "--draft-vocab"),
         prompt_lookup=None if args.no_prompt_lookup else args.prompt_lookup_tokens,
         native_dflash=not args.no_native_dflash,
@@ -1884,6 +1905,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="drafts per round (num_assistant_tokens) for our methods, e.g. none,2,4 (none: B-1)")
     p.add_argument("--draft-vocab", default="on",
                    help="for drafters that store a draft vocabulary: on (use it), off (whole vocabulary) or on,off")
+    p.add_argument("--schedule", default="constant",
+                   help="num_assistant_tokens_schedule values for our chain methods, e.g. constant,cost ('cost': each "
+                   "round's drafts, up to --drafts, from the acceptance and round times measured so far)")
     p.add_argument("--confidence", default="0",
                    help="assistant_confidence_threshold values for our methods, e.g. 0,0.3 (0: off)")
     p.add_argument("--methods", help="only these methods (names or kinds: pld, assisted, native-dflash, dflash, "

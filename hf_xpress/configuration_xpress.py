@@ -18,7 +18,7 @@ SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_lay
 OPTIONAL_SIZE_FIELDS = ("target_hidden_size", "sliding_window")
 REFINERS = ("xpress", "markov", None)
 LAYER_TYPES = ("full_attention", "sliding_attention")
-DRAFT_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+DRAFT_SCHEDULES = ("constant", "heuristic", "heuristic_transient", "cost")
 # Settings that change how a drafter drafts, not what it is: safe to change on a trained drafter.
 INFERENCE_SETTINGS = ("jacobi_passes", "jacobi_early_stop", "refiner_shortlist", "num_assistant_tokens",
                       "num_assistant_tokens_schedule", "assistant_confidence_threshold", "tree_temperature")
@@ -75,7 +75,11 @@ class XPressDrafterConfig(PreTrainedConfig):
         num_assistant_tokens_schedule (`str`): `"constant"` (default); `"heuristic"`: after a round whose drafts were
             all accepted the cap grows by 2, otherwise it shrinks by 1 (down to 1), kept across `generate` calls in
             this config's `num_assistant_tokens`; `"heuristic_transient"`: the same, restarted at every call.
-            Transformers' schedules for assisted decoding, with the same names and rules.
+            Transformers' schedules for assisted decoding, with the same names and rules. `"cost"` (ours): each
+            round submits the count, up to `num_assistant_tokens` (B-1 if None), that maximises the expected tokens
+            per second, from the acceptance per slot and the round times this call has measured
+            (`generation.DraftCountPlanner`): many drafts where verifying them is nearly free (GPUs), few on a CPU,
+            none (plain target steps) where drafting does not pay. Per call; chains only (`tree_decoding` refuses it).
         assistant_confidence_threshold (`float`): a round's drafts end at the first slot whose draft probability
             (under the returned, processed logits) is below this value, that slot included (transformers'
             `AssistantConfidenceCriteria` rule, here with a fixed threshold). 0 (default): never.

@@ -169,7 +169,7 @@ def _main(args: argparse.Namespace) -> int:
     """Exit status 1 when an fp32 output differs from plain `generate` (a bug: fp32 greedy decoding is exact); bf16
     outputs may drift at near-ties of the target's logits, so there the demo only reports them."""
     if args.tree_budget and not args.tree:
-        raise SystemExit("hf-xpress demo: --tree-budget needs --tree W (the dynamic tree's children per node)")
+        raise ValueError("--tree-budget needs --tree W (the dynamic tree's children per node)")
     rows = run_demo(args.target, args.drafter, tuple(args.prompt or DEMO_PROMPTS), args.max_new_tokens, args.dtype,
                     args.tree, args.tree_budget, args.drafts, args.lookup)
     return int(args.dtype == "float32" and not all(row["identical"] for row in rows))

@@ -93,6 +93,8 @@ class XPressStats:
     draft_time: float = 0.0  # drafter forward + base logits (+ prompt lookup)
     refine_time: float = 0.0  # seed + Jacobi passes / Markov steps
     verify_time: float = 0.0  # target forward over the candidates + acceptance
+    plain_steps: int = 0  # target steps without drafts that the "cost" schedule chose (not rounds: no tau)
+    plain_time: float = 0.0  # those steps, each from its start to the next round's (the call's last one not included)
 
     @property
     def rounds(self) -> int:
@@ -122,7 +124,113 @@ class XPressStats:
             "draft_time": self.draft_time,
             "refine_time": self.refine_time,
             "verify_time": self.verify_time,
+            "plain_steps": self.plain_steps,
+            "plain_time": self.plain_time,
         }
+
+
+class DraftCountPlanner:
+    """The `"cost"` draft-count schedule: each round submits the number of drafts n (0..`most`) that maximises the
+    expected tokens per second, E(n) / T(n), from what this call has measured so far (n = 0: a plain target step).
+
+    E(n) = 1 + sum_{j<=n} prod_{k<=j} p_k, with p_k the acceptance rate of slot k among rounds that reached it
+    (accepted every slot before it), counts decayed by `decay` per drafter round so the rates follow the text, and
+    shrunk towards the pooled rate (which also stands in for slots no round has reached). T(n) for n >= 1 is a
+    least-squares line a + b n through the mean round time (draft, refine, verify and transformers' bookkeeping, from
+    one round's start to the next's) at each n tried; T(0) is the plain step's own mean. The first rounds try `most`,
+    1, 0 and `most` (the first one's time is dropped: warm-up). While plain steps win, every `probe`-th round still
+    drafts (the best n >= 1), so the figures keep up with the text. Nothing here looks at the drafts themselves, so
+    sampling stays exact: how many drafts a round submits depends on earlier rounds only.
+
+    Where verifying more tokens costs little (a GPU), it settles on `most`; where every verified token costs (a CPU),
+    on the few slots accepted often enough to pay for themselves, and where drafting does not pay at all (a drafter
+    too weak for the host), on plain steps."""
+
+    EXPLORE = (None, 1, 0, None)  # the first rounds' counts (None: `most`), before the first choice
+    PRIOR = 2.0  # pseudo-rounds of the pooled rate in each slot's estimate
+
+    def __init__(self, most: int, decay: float = 0.95, probe: int = 8):
+        self.most, self.decay, self.probe = most, decay, probe
+        self.reached = [0.0] * (most + 1)  # index k = 1..most: decayed rounds that submitted slot k after k-1 accepts
+        self.accepted = [0.0] * (most + 1)  # ... and accepted it
+        self.times: dict[int, list[float]] = {}  # n -> [decayed sum of round seconds, decayed count]
+        self.planned = 0  # rounds reported by `submitted` so far
+        self.plain_in_a_row = 0
+        self._open: tuple[int, float] | None = None  # the running round's drafts and start, if timed
+
+    def next_count(self) -> int:
+        """Drafts for the next round, in 0..most (`submitted` reports what the round did with it)."""
+        if self.planned < len(self.EXPLORE):
+            n = self.EXPLORE[self.planned]
+            return self.most if n is None else n
+        best, rate = self.best_drafting()
+        plain = self.times.get(0)
+        if plain is not None and plain[1] > 0 and plain[1] / plain[0] > rate and self.plain_in_a_row < self.probe:
+            return 0
+        return best
+
+    def best_drafting(self) -> tuple[int, float]:
+        """The best n >= 1 and its expected tokens per second (0 before any timing: then `most`)."""
+        line = self.time_line()
+        if line is None:
+            return self.most, 0.0
+        a, b = line
+        best, best_rate, expected, reach = self.most, 0.0, 1.0, 1.0
+        for n, p in enumerate(self.slot_rates(), start=1):
+            reach *= p
+            expected += reach
+            seconds = a + b * n
+            if seconds > 0 and expected / seconds > best_rate:
+                best, best_rate = n, expected / seconds
+        return best, best_rate
+
+    def slot_rates(self) -> list[float]:
+        """The estimated acceptance rate p_k of slots 1..most."""
+        pooled = (sum(self.accepted) + 1.0) / (sum(self.reached) + 2.0)
+        return [(self.accepted[k] + self.PRIOR * pooled) / (self.reached[k] + self.PRIOR) for k in range(1, self.most + 1)]
+
+    def time_line(self) -> tuple[float, float] | None:
+        """(a, b) of T(n) = a + b n, a least-squares line through the mean drafter round time at each n >= 1 tried,
+        weighted by its decayed round count (b = 0 with one n, never below 0); None before any."""
+        points = [(n, total / count, count) for n, (total, count) in self.times.items() if n > 0 and count > 0]
+        if not points:
+            return None
+        if len(points) == 1:
+            return points[0][1], 0.0
+        weight = sum(w for _, _, w in points)  # each count's mean weighs as much as the (decayed) rounds behind it
+        mean_n = sum(w * n for n, _, w in points) / weight
+        mean_t = sum(w * t for _, t, w in points) / weight
+        b = sum(w * (n - mean_n) * (t - mean_t) for n, t, w in points) / sum(w * (n - mean_n) ** 2 for n, _, w in points)
+        b = max(b, 0.0)
+        return mean_t - b * mean_n, b
+
+    def round_started(self, now: float) -> tuple[int, float] | None:
+        """A round starts at `now` (seconds, `time.perf_counter`): the previous one ends, and its time is recorded if
+        it was timed (see `submitted`). Returns that round's (drafts, seconds), or None."""
+        closed, self._open = self._open, None
+        if closed is None:
+            return None
+        n, seconds = closed[0], now - closed[1]
+        total, count = self.times.get(n, (0.0, 0.0))
+        self.times[n] = [total * self.decay + seconds, count * self.decay + 1.0]
+        return n, seconds
+
+    def submitted(self, drafts: int, began: float) -> None:
+        """The round that started at `began` submits `drafts` drafter drafts (0: a plain step). Prompt lookup rounds
+        are not reported (they run no drafter forward, and leave the plan where it was); the first round is not timed
+        (warm-up)."""
+        self._open = (drafts, began) if self.planned > 0 else None
+        self.planned += 1
+        self.plain_in_a_row = self.plain_in_a_row + 1 if drafts == 0 else 0
+
+    def record_acceptance(self, drafts: int, accepted: int) -> None:
+        """A drafter round submitted `drafts` and the target accepted the first `accepted`."""
+        for k in range(1, self.most + 1):
+            self.reached[k] *= self.decay
+            self.accepted[k] *= self.decay
+        for k in range(1, min(accepted + 1, drafts) + 1):  # slots 1..accepted, and the first rejected one
+            self.reached[k] += 1.0
+            self.accepted[k] += float(k <= accepted)
 
 
 def position_dependent_rope(config) -> tuple[str, int] | None:
@@ -223,6 +331,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         self.confidence_threshold = float(self.config.assistant_confidence_threshold)
         cap = self.config.num_assistant_tokens
         self.num_assistant_tokens = self.block_size - 1 if cap is None else max(1, min(int(cap), self.block_size - 1))
+        self.planner = DraftCountPlanner(self.num_assistant_tokens) if self.schedule == "cost" else None
         # transformers checks stopping criteria only at the end of a round: drafts end before a token at which one fires.
         self.stop = draft_stopping_criteria(stopping_criteria, generation_config, tokenizer)
         # Sampling verifies drafts against their logits (rejection sampling) only while which drafts are submitted does
@@ -287,17 +396,26 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
                     "target's, exactly); pass the prompt without padding."
                 )
             return input_ids, None
-        num_drafts = min(self.num_assistant_tokens, self.main_model_max_length - input_ids.shape[1] - 1)
-        if num_drafts <= 0:  # at most one token left: a plain target step
-            return input_ids, None
         if model_outputs is None or getattr(model_outputs, "hidden_states", None) is None:
             raise ValueError("xPress drafting needs the target's hidden states from the previous forward.")
-
         start = self._clock()
         self._keep_features(input_ids, model_outputs)
+        if self.planner is not None:
+            closed = self.planner.round_started(start)
+            if closed is not None and closed[0] == 0:
+                self.stats.plain_time += closed[1]
+        planned = self.num_assistant_tokens if self.planner is None else self.planner.next_count()
+        room = self.main_model_max_length - input_ids.shape[1] - 1
+        if room <= 0:  # at most one token left: a plain target step
+            return input_ids, None
         found = self.lookup_continuation(input_ids)
         if found:
             return self._lookup_round(torch.cat([input_ids, input_ids.new_tensor([found])], dim=1), len(found), start)
+        num_drafts = min(planned, room)
+        if num_drafts == 0:  # the "cost" schedule's choice: a plain target step, timed
+            self.planner.submitted(0, start)
+            self.stats.plain_steps += 1
+            return input_ids, None
         hidden = self._draft_forward(input_ids)
         lm_head = self.main_model_output_embeddings
         # Only the slots we submit; in the target head's dtype (a bf16 drafter may serve an fp32 target). Without
@@ -331,11 +449,16 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             num_drafts = self._before_stop(input_ids, proposal.tokens[0, :num_drafts].tolist())
         end = self._clock()
         if num_drafts == 0:  # nothing to submit (a stop, or no samplable slot): a plain target step
+            if self.planner is not None:  # for the planner: a drafter round, its first slot not accepted
+                self.planner.submitted(min(planned, room), start)
+                self.planner.record_acceptance(1, 0)
             return input_ids, None
 
         self.stats.draft_time += drafted - start
         self.stats.refine_time += end - drafted
         self._record_round(proposal.tokens[0, :num_drafts].tolist(), proposal.passes, lookup=False, end=end)
+        if self.planner is not None:
+            self.planner.submitted(num_drafts, start)
         candidate_ids = torch.cat([input_ids, proposal.tokens[:, :num_drafts].to(input_ids.device)], dim=1)
         # Greedy verification compares tokens only; the logits (q) are for speculative sampling and ensembling.
         return candidate_ids, proposal.logits[:, :num_drafts] if self.needs_logits else None
@@ -442,6 +565,8 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
                 self.num_assistant_tokens = max(1, min(cap, self.block_size - 1))
                 if self.schedule == "heuristic":  # kept for the next generate call, like transformers does
                     self.config.num_assistant_tokens = self.num_assistant_tokens
+            if self.planner is not None and not lookup:
+                self.planner.record_acceptance(self._proposed_this_round, int(num_matches))
             self._proposed_this_round = 0
 
 

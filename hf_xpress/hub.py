@@ -315,7 +315,7 @@ def _run_push(args) -> int:
     if training and Path(training).is_file():
         training = Path(training).read_text()
     elif training and not any(c.isspace() for c in training) and Path(training).suffix.lower() in TEXT_SUFFIXES:
-        raise SystemExit(f"hf-xpress push: --training {training!r}: no such file (pass the description's text, or a "
+        raise ValueError(f"--training {training!r}: no such file (pass the description's text, or a "
                          "file that exists)")
     where = publish(
         drafter, args.destination, target=args.target, repo_id=args.repo_id, training=training or "Not documented.",

@@ -1068,7 +1068,7 @@ def data_main(args: argparse.Namespace) -> int:
         keep_freed_memory()  # the labelling forwards' hidden states, as the trainer's score tensors
     if args.extend:
         if not (out / "manifest.json").exists():
-            raise SystemExit(f"--extend: {out} holds no dataset to extend (no manifest.json)")
+            raise ValueError(f"--extend: {out} holds no dataset to extend (no manifest.json)")
         _check_dataset_target(args, Dataset.load(out).manifest, target.config.get_text_config().vocab_size)
         record = {"sources": args.source, "target": args.target, "seed": args.seed, "num_prompts": args.num_prompts,
                   "skip_prompts": args.skip_prompts, "num_code": args.num_code, "num_functions": args.num_functions,
@@ -1099,7 +1099,7 @@ def _check_dataset_target(args: argparse.Namespace, manifest: dict, vocab_size: 
     another target of the same vocabulary (its labels would mix two targets')."""
     out = args.out
     if manifest.get("vocab_size", vocab_size) != vocab_size:
-        raise SystemExit(f"hf-xpress data: {out} holds a dataset for a {manifest['vocab_size']}-token vocabulary "
+        raise ValueError(f"{out} holds a dataset for a {manifest['vocab_size']}-token vocabulary "
                          f"(target {manifest.get('target')!r}), but --target {args.target!r} has {vocab_size} tokens")
     if manifest.get("target", args.target) != args.target:
         print(f"[data] warning: {out} was built with --target {manifest['target']!r}; its unlabelled sequences are "
@@ -2444,12 +2444,12 @@ def tau_main(args: argparse.Namespace) -> int:
     from .assets import load_target
 
     if args.drafter is not None and not args.out:
-        raise SystemExit("hf-xpress tau: --drafter needs --out FILE (where the measurement is written)")
+        raise ValueError("--drafter needs --out FILE (where the measurement is written)")
     if args.drafter is None and not args.reference:
-        raise SystemExit("hf-xpress tau: give --drafter (and --out) to measure, or --reference FILE to compute the "
+        raise ValueError("give --drafter (and --out) to measure, or --reference FILE to compute the "
                          "plain greedy outputs only")
     if args.tree_budget and not args.tree:
-        raise SystemExit("--tree-budget needs --tree W (the dynamic tree's expansion width)")
+        raise ValueError("--tree-budget needs --tree W (the dynamic tree's expansion width)")
     for flag, value, least in (("--limit", args.limit, 1), ("--skip", args.skip, 0), ("--threads", args.threads, 0),
                                ("--max-new-tokens", args.max_new_tokens, 1), ("--lookup", args.lookup, 0)):
         if value is not None and value < least:
@@ -2464,7 +2464,7 @@ def tau_main(args: argparse.Namespace) -> int:
         reference = _read_json_object(Path(args.reference), "--reference")
         made = reference.get("_settings")  # absent in files written before it was recorded
         if made is not None and made != settings:
-            raise SystemExit(f"hf-xpress tau: {args.reference} holds plain greedy outputs for {made}, not {settings}; "
+            raise ValueError(f"{args.reference} holds plain greedy outputs for {made}, not {settings}; "
                              "pass another --reference file")
     target, tokenizer = load_target(args.target, dtype=torch.float32)
     sets = args.sets.split(",")
@@ -2649,12 +2649,12 @@ def ship_main(args: argparse.Namespace) -> int:
     src = run / args.checkpoint
     if not (src / "config.json").exists():
         saved = sorted(p.name for p in run.glob("*") if (p / "config.json").exists()) if run.is_dir() else []
-        raise SystemExit(f"ship: {src} is not a saved drafter (the run's saved drafters: {', '.join(saved) or 'none'})")
+        raise ValueError(f"{src} is not a saved drafter (the run's saved drafters: {', '.join(saved) or 'none'})")
     if src.resolve().is_relative_to(final_out.resolve()) or final_out.resolve().is_relative_to(src.resolve()):
-        raise SystemExit(f"ship: --out {final_out} holds or lies inside the run's checkpoint {src}; ship to another "
+        raise ValueError(f"--out {final_out} holds or lies inside the run's checkpoint {src}; ship to another "
                          "folder")
     if final_out.exists() and (not final_out.is_dir() or (any(final_out.iterdir()) and not _is_shipped(final_out))):
-        raise ValueError(f"ship: --out {final_out} is a file or a folder that holds something other than a shipped "
+        raise ValueError(f"--out {final_out} is a file or a folder that holds something other than a shipped "
                          "drafter; ship into a new folder (a shipped drafter's folder is replaced)")
     out = final_out.with_name(final_out.name + ".tmp")
     if out.exists():
@@ -2697,7 +2697,7 @@ def _ship_card(args: argparse.Namespace, run: Path, out: Path, name: str) -> Non
     try:
         data = Dataset.load(cfg["data"])
     except FileNotFoundError:
-        raise SystemExit(f"ship: the run's dataset {cfg['data']!r} is not here (a relative path is read from the "
+        raise ValueError(f"the run's dataset {cfg['data']!r} is not here (a relative path is read from the "
                          f"directory training ran in; run ship from there)") from None
     manifest = data.manifest
     used, _, heldout = training_split(data.num_labelled, cfg.get("max_sequences"), cfg["heldout_every"])
@@ -2716,18 +2716,18 @@ def _ship_card(args: argparse.Namespace, run: Path, out: Path, name: str) -> Non
     for item in args.tau or []:
         method, sep, path = item.partition("=")
         if not sep or not method or not path:
-            raise ValueError(f"ship: --tau takes METHOD=tau.json (e.g. '+ xPress=tau.json'), got {item!r}")
+            raise ValueError(f"--tau takes METHOD=tau.json (e.g. '+ xPress=tau.json'), got {item!r}")
         measured = _read_json_object(Path(path), "--tau")
         rows = {k: v for k, v in measured.items() if not k.startswith("_")}
         if not rows or not all(isinstance(v, dict) and {"tau", "prompts", "identical_to_greedy"} <= set(v)
                                 for v in rows.values()):
-            raise ValueError(f"ship: --tau {path} is not a measurement written by `tau --drafter ... --out` (a greedy "
+            raise ValueError(f"--tau {path} is not a measurement written by `tau --drafter ... --out` (a greedy "
                              "--reference file?)")
         setup = measured.get("_setup", {})
         recorded = setup.get("drafter_sha256")
         same_kind = setup["refiner"] == cfg["refiner"] if "refiner" in setup else method == this_method
         if same_kind and recorded and this_weights and recorded != this_weights:
-            raise ValueError(f"ship: --tau {item!r} measured {setup.get('drafter')}, a drafter of this run's kind with "
+            raise ValueError(f"--tau {item!r} measured {setup.get('drafter')}, a drafter of this run's kind with "
                              f"other weights than the shipped `{args.checkpoint}` checkpoint; measure that checkpoint, or "
                              "ship the one measured (--checkpoint)")
         args.limit, args.max_new_tokens = setup.get("limit", args.limit), setup.get("max_new_tokens", args.max_new_tokens)
@@ -2735,7 +2735,7 @@ def _ship_card(args: argparse.Namespace, run: Path, out: Path, name: str) -> Non
         prompts = tuple(sorted((k, v["prompts"]) for k, v in rows.items()))
         measured_with.setdefault((args.limit, args.max_new_tokens, skip, prompts), []).append(path)
         if len(measured_with) > 1:  # the card's table states one protocol for every column
-            raise SystemExit("ship: the --tau files were measured on different prompts or lengths (prompts per set, "
+            raise ValueError("the --tau files were measured on different prompts or lengths (prompts per set, "
                              f"new tokens, skipped, sets: {measured_with}); measure every drafter alike")
         settings.append(f"{method}: {describe_inference_setup(setup)}")
         for set_name, row in rows.items():
@@ -2862,7 +2862,8 @@ def describe_inference_setup(setup: dict) -> str:
     if "num_assistant_tokens" not in setup:
         return "settings not recorded: the run's own config, every draft of the block submitted"
     n = setup["num_assistant_tokens"]
-    words = [f"{n} drafts per round" if n else "every draft of the block"]
+    cap = "up to " if setup.get("num_assistant_tokens_schedule") == "cost" else ""  # "cost" picks each round's count
+    words = [f"{cap}{n} drafts per round" if n else f"{cap}every draft of the block"]
     if setup.get("tree_width"):
         depth = f"{n} deep" if n else "as deep as the block"
         words[0] = (f"dynamic tree of {setup['tree_budget']} draft nodes (width {setup['tree_width']}, {depth})"

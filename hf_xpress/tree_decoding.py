@@ -235,6 +235,11 @@ def tree_decoding(
         raise ValueError(f"tree_width must be at least 1, got {tree_width}.")
     if tree_budget is not None and tree_budget < 1:
         raise ValueError(f"tree_budget must be at least 1 draft node (or None for a fixed tree), got {tree_budget}.")
+    schedule = drafter.config.num_assistant_tokens_schedule
+    if schedule != "constant":  # the depth is read once; a schedule that moves it would be silently ignored
+        raise ValueError(f"tree_decoding's depth is the drafter's num_assistant_tokens; its num_assistant_tokens_schedule "
+                         f"{schedule!r} applies to chains (generate(..., assistant_model=drafter)) only: set "
+                         "drafter.config.num_assistant_tokens_schedule = 'constant' for trees.")
     if getattr(generation_config, "assistant_ensemble_weight", None) is not None:
         raise ValueError("tree_decoding verifies against the target alone; assistant_ensemble_weight is not supported.")
     if generation_config.num_beams > 1 or generation_config.num_return_sequences > 1:

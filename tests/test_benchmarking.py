@@ -13,7 +13,7 @@ import torch
 
 from hf_xpress import XPressDrafterModel, XPressStats
 from hf_xpress.benchmarking import (
-    PROMPT_LOOKUP_TOKENS, Method, _drafter_settings, _lookup_list, _method_from, _optional_floats, block_latency, build_methods, format_block_table, run_benchmark,
+    PROMPT_LOOKUP_TOKENS, Method, _drafter_settings, _lookup_list, _method_from, _schedule_list, _optional_floats, block_latency, build_methods, format_block_table, run_benchmark,
     first_mismatch, ratio_interval, render_report, resummarize, select_methods, summarize,
 )
 from hf_xpress.assets import PromptRecord
@@ -59,7 +59,7 @@ def _prompt_file(tmp_path: Path) -> Path:
     return path
 
 
-def test_cli_end_to_end_writes_json_markdown_and_plots(tmp_path, llama):
+def test_cli_end_to_end_writes_json_markdown_and_plots(tmp_path, llama, capsys):
     target_dir, out = tmp_path / "target", tmp_path / "out"
     llama.save_pretrained(target_dir)
     _char_tokenizer().save_pretrained(target_dir)
@@ -141,8 +141,8 @@ def test_cli_end_to_end_writes_json_markdown_and_plots(tmp_path, llama):
     assert (again / "report.md").read_text() == report.replace(str(out), str(again))
     broken = tmp_path / "broken.json"
     broken.write_text('{"runs": []}')
-    with pytest.raises(SystemExit, match="not a results.json written by `hf-xpress bench`"):
-        cli_main(["bench", "--from-results", str(broken)])
+    assert cli_main(["bench", "--from-results", str(broken)]) == 2  # one line naming the problem
+    assert "not a results.json written by `hf-xpress bench`" in capsys.readouterr().err
 
 
 def test_mismatch_detector_flags_a_wrong_method(llama, capsys):
@@ -213,6 +213,27 @@ def test_drafts_per_round_and_confidence_variants_are_named_run_and_restored(lla
     runs = {r["method"]: r for r in results["runs"]}
     assert max(runs["markov n2"]["proposed"]) == 2 and max(runs["xpress K=2 es sl8 n2 c0.2"]["proposed"]) <= 2
     assert xp.config.num_assistant_tokens is None and xp.config.assistant_confidence_threshold == 0.0  # restored
+
+
+def test_draft_count_schedule_variants_are_named_run_and_restored(llama):
+    """`--schedule constant,cost`: chains run at each schedule (names carry " cost"), trees only at "constant"; the
+    drafter's own schedule is restored after each run."""
+    xp = tiny_drafter(llama, "xpress")
+    methods = build_methods([("xp", xp)], passes=[2], early_stop=[True], drafts=[None, 4], schedules=["constant", "cost"],
+                            prompt_lookup=None, native_dflash=False, trees=[None, 2])
+    assert [m.name for m in methods] == ["plain", "xpress K=2 es", "xpress K=2 es cost", "xpress K=2 es n4",
+                                         "xpress K=2 es n4 cost", "xpress K=2 es tree2", "xpress K=2 es n4 tree2"]
+    assert len({m.settings_key() for m in methods[1:]}) == 6 and methods[4].describe()["schedule"] == "cost"
+    results = run_benchmark(llama, None, [methods[0], methods[4]], {"s": [[5, 6, 7, 8, 9, 10]]}, max_new_tokens=30,
+                            progress=False, warmup=False)
+    assert results["mismatches"] == []
+    run = next(r for r in results["runs"] if r["method"] == "xpress K=2 es n4 cost")
+    assert run["proposed"][:2] == [4, 1] and max(run["proposed"]) <= 4  # its opening rounds, under the cap
+    assert xp.config.num_assistant_tokens_schedule == "constant" and xp.config.num_assistant_tokens is None
+    assert _method_from(methods[4].describe()).settings_key() == methods[4].settings_key()
+    assert _schedule_list("constant, cost") == ["constant", "cost"]
+    with pytest.raises(ValueError, match="--schedule takes comma-separated values of constant, heuristic, "):
+        _schedule_list("constant,fast")
 
 
 def test_draft_vocabulary_on_and_off_variants_run_and_restore(llama):

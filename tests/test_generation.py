@@ -424,7 +424,8 @@ def test_a_users_eos_and_max_length_criteria_stop_where_plain_generate_stops(tar
 @pytest.mark.parametrize(
     "settings",
     [dict(num_assistant_tokens=1), dict(num_assistant_tokens=4), dict(assistant_confidence_threshold=0.05),
-     dict(num_assistant_tokens=3, num_assistant_tokens_schedule="heuristic_transient")],
+     dict(num_assistant_tokens=3, num_assistant_tokens_schedule="heuristic_transient"),
+     dict(num_assistant_tokens=6, num_assistant_tokens_schedule="cost")],
 )
 def test_fewer_drafts_per_round_stay_lossless_and_respect_the_settings(target, refiner, settings):
     drafter = tiny_drafter(target, refiner, **settings)
@@ -433,7 +434,7 @@ def test_fewer_drafts_per_round_stay_lossless_and_respect_the_settings(target, r
         ours = target.generate(ids, assistant_model=drafter, max_new_tokens=30, do_sample=False)
         assert torch.equal(plain, ours), (settings, ids.shape)
         proposed = drafter.stats.proposed
-        if "num_assistant_tokens_schedule" not in settings:
+        if settings.get("num_assistant_tokens_schedule") in (None, "cost"):  # "cost" keeps under its cap
             assert max(proposed) <= settings.get("num_assistant_tokens", 15)
         assert all(len(d) == n for d, n in zip(drafter.stats.drafts, proposed))
     if "assistant_confidence_threshold" in settings:
@@ -594,6 +595,91 @@ def test_heuristic_schedule_follows_transformers_rule(target, schedule, oracle):
         cap = max(1, min(cap + 2 if accepted == proposed else cap - 1, 15))
     assert (drafter.config.num_assistant_tokens == cap) == (schedule == "heuristic")
     assert len(set(stats.proposed)) > 1  # the cap really moved
+
+
+def _simulate_rounds(planner, rates, a, b, plain, rounds=300, seed=0) -> list[int]:
+    """Drive a `DraftCountPlanner` with a simulated host: a drafter round of n drafts takes a + b n seconds and accepts
+    slot k with probability rates[k-1] given slots < k accepted; a plain step takes `plain`. Returns the counts."""
+    rng, now, counts = random.Random(seed), 0.0, []
+    for _ in range(rounds):
+        planner.round_started(now)
+        n = planner.next_count()
+        counts.append(n)
+        planner.submitted(n, now)
+        if n == 0:
+            now += plain
+            continue
+        accepted = 0
+        while accepted < n and rng.random() < rates[accepted]:
+            accepted += 1
+        planner.record_acceptance(n, accepted)
+        now += a + b * n
+    return counts
+
+
+def _tokens_per_second(n: int, rates, a: float, b: float, plain: float) -> float:
+    """The true expected tokens per second of a round of n drafts on the simulated host."""
+    if n == 0:
+        return 1.0 / plain
+    expected, reach = 1.0, 1.0
+    for p in rates[:n]:
+        reach *= p
+        expected += reach
+    return expected / (a + b * n)
+
+
+@pytest.mark.parametrize(
+    "host, rates, a, b, plain, best",
+    [("cpu", [0.45] * 15, 0.040, 0.002, 0.038, 3),  # every verified token costs: a few drafts
+     ("cpu, refiner-shaped", [0.45, 0.55, 0.6] + [0.2] * 12, 0.040, 0.002, 0.038, 3),
+     ("gpu", [0.8] * 15, 0.020, 0.00002, 0.019, 15),  # verifying more is nearly free: every slot
+     ("weak drafter", [0.05] * 15, 0.060, 0.004, 0.040, 0)],  # drafting never pays: plain steps
+)
+def test_cost_schedule_finds_the_fastest_draft_count_for_the_host(host, rates, a, b, plain, best):
+    """The "cost" planner, after trying `most`, 1, 0 and `most`, submits counts whose true throughput on the simulated
+    host is within 5% of the best count's (`best`, which the parameters are chosen to make clear), and while plain
+    steps win it still drafts every `probe`-th round (so it notices when the text gets easier)."""
+    planner = generation.DraftCountPlanner(15)
+    counts = _simulate_rounds(planner, rates, a, b, plain)
+    assert counts[:4] == [15, 1, 0, 15]
+    rate = {n: _tokens_per_second(n, rates, a, b, plain) for n in range(16)}
+    assert max(rate, key=rate.get) == best
+    achieved = sum(rate[n] for n in counts[20:]) / len(counts[20:])
+    assert achieved > 0.95 * rate[best], (host, achieved / rate[best], sorted(set(counts[20:])))
+    if best == 0:
+        longest_plain_run = max(len(run) for run in "".join("0" if n == 0 else "d" for n in counts[4:]).split("d"))
+        assert longest_plain_run == planner.probe and 0 < counts[20:].count(0) < len(counts[20:])
+
+
+def test_cost_schedule_follows_a_change_in_acceptance():
+    """Counts decay, so after the text turns easy (every draft accepted) the planner moves from plain steps to long
+    drafts within a few dozen rounds."""
+    planner = generation.DraftCountPlanner(15)
+    _simulate_rounds(planner, [0.05] * 15, 0.060, 0.004, 0.040, rounds=200)
+    assert planner.next_count() == 0
+    later = _simulate_rounds(planner, [1.0] * 15, 0.060, 0.004, 0.040, rounds=80, seed=1)
+    assert later[-10:] == [15] * 10, later
+
+
+@pytest.mark.parametrize("refiner", REFINERS)
+def test_cost_schedule_plain_steps_keep_the_drafter_context_and_stay_exact(target, refiner, oracle, monkeypatch):
+    """Rounds the planner makes plain steps (0 drafts) keep their verified tokens' target features for the drafter, so
+    its cache matches one forward over every verified token, as without them; the output is plain generate's."""
+    script = iter([15, 0, 0, 3, 0, 1, 0, 0, 0, 7] * 20)
+    monkeypatch.setattr(generation.DraftCountPlanner, "next_count", lambda self: next(script))
+    drafter = tiny_drafter(target, refiner, num_assistant_tokens_schedule="cost")
+    ids = torch.randint(0, 126, (1, 9))
+    oracle["continuation"] = target.generate(ids, max_new_tokens=60, do_sample=False)[0]
+    ours = target.generate(ids, assistant_model=drafter, max_new_tokens=60, do_sample=False)
+    assert torch.equal(ours[0], oracle["continuation"])
+    generator = oracle["generators"][-1]
+    assert generator.context_length == oracle["last_draft_len"] - 1
+    assert_drafter_context_is(generator, target, ours)
+    assert 0 not in drafter.stats.proposed and {1, 3, 7} <= set(drafter.stats.proposed)
+    # every new token: the prefill's, a round's accepted drafts and bonus, a plain step's (the last may be one too,
+    # taken when one token of budget is left)
+    plain = drafter.stats.plain_steps
+    assert plain > 5 and ours.shape[1] - ids.shape[1] - (sum(drafter.stats.accepted) + drafter.stats.rounds + plain) in (1, 2)
 
 
 def test_native_dflash_path_runs_our_drafter(target):
@@ -917,6 +1003,36 @@ def test_sampling_keeps_the_target_distribution_and_a_biased_q_is_caught(
     assert stat_biased > _bound(dof_biased), (stat_biased, dof_biased, accepted)
     processors = "temperature" in processing  # top_k=0 alone adds no logits processor
     assert set(columns) == {draft_vocab is not None and not processors}
+
+
+def test_sampling_with_counts_from_earlier_rounds_keeps_the_target_distribution(monkeypatch):
+    """The "cost" schedule sets each round's count, plain steps included, from earlier rounds only, so sampling stays
+    exact. Here the count is scripted from the previous round alone (a plain step after a round whose draft was
+    rejected, else 1 draft; the real planner's choices are tested above), so that within 4 new tokens both kinds of
+    round occur, the plain step only where the first draft was rejected; the joint of the 4 tokens must still be the
+    target's."""
+    original = generation.DraftCountPlanner.record_acceptance
+
+    def remember(self, drafts: int, accepted: int) -> None:
+        self.last = (drafts, accepted)
+        original(self, drafts, accepted)
+
+    monkeypatch.setattr(generation.DraftCountPlanner, "record_acceptance", remember)
+    monkeypatch.setattr(generation.DraftCountPlanner, "next_count",  # a plain step after a rejected draft
+                        lambda self: 0 if getattr(self, "last", (1, 1))[1] == 0 and not self.plain_in_a_row else 1)
+    target, drafter = _peaky_pair(seed=7)
+    drafter.config.num_assistant_tokens_schedule = "cost"
+    prompt = torch.tensor([[1, 2, 0]])
+    exact = _exact_joint(target, prompt, 4, top_k=0)
+    counts, plain = torch.zeros([V] * 4), 0
+    torch.manual_seed(123)
+    for _ in range(1500):
+        out = target.generate(prompt, assistant_model=drafter, max_new_tokens=4, do_sample=True, top_k=0)
+        counts[tuple(out[0, prompt.shape[1] :].tolist())] += 1
+        plain += drafter.stats.plain_steps
+    stat, dof = _chi2(counts, exact)
+    assert stat < _bound(dof), (stat, dof)
+    assert 100 < plain < 1400, plain  # plain steps happened in some calls, after a rejected draft
 
 
 def test_sampled_xpress_drafts_are_samples_of_a_spread_q(monkeypatch):

@@ -466,9 +466,9 @@ def test_push_command_writes_a_local_folder_with_the_training_text(published, tm
     reloaded = XPressDrafterModel.from_pretrained(out)
     original = published["drafter"].state_dict()
     assert all(torch.equal(v, original[k]) for k, v in reloaded.state_dict().items())
-    with pytest.raises(SystemExit, match="--training 'notes/missing.md': no such file"):
-        main(["push", str(published["folder"]), str(tmp_path / "other"), "--target", "t", "--local",
-              "--training", "notes/missing.md"])
+    assert main(["push", str(published["folder"]), str(tmp_path / "other"), "--target", "t", "--local",
+                 "--training", "notes/missing.md"]) == 2  # one line naming the problem
+    assert "hf-xpress push: error: --training 'notes/missing.md': no such file" in capsys.readouterr().err
     assert main(["push", str(published["folder"]), str(tmp_path / "text"), "--target", "t", "--local",
                  "--training", "Two hours on a laptop."]) == 0
     assert "Two hours on a laptop." in (tmp_path / "text" / "README.md").read_text()

@@ -842,7 +842,7 @@ def test_data_into_an_existing_dataset_names_what_it_ignores(tmp_path, capsys):
     T._check_resumed_dataset(argparse.Namespace(**{**vars(args), "source": "sharegpt,stdlib", "num_prompts": 1500}),
                              manifest, V)
     assert capsys.readouterr().out == ""  # the same command: nothing to say
-    with pytest.raises(SystemExit, match="a dataset for a 128-token vocabulary .* has 129 tokens"):
+    with pytest.raises(ValueError, match="a dataset for a 128-token vocabulary .* has 129 tokens"):
         T._check_resumed_dataset(args, manifest, V + 1)
 
 
@@ -1066,14 +1066,18 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
     # a failed ship leaves the shipped folder as it was, and nothing beside it
     assert (out / "README.md").read_text() == card and XPressDrafterModel.from_pretrained(out).config.refiner_shortlist == 64
     assert sorted(p.name for p in tmp_path.glob("shipped*")) == ["shipped"]
-    with pytest.raises(SystemExit, match=r"run/last is not a saved drafter \(the run's saved drafters: best, final\)"):
+    with pytest.raises(ValueError, match=r"run/last is not a saved drafter \(the run's saved drafters: best, final\)"):
         T.ship_main(argparse.Namespace(**{**vars(args), "checkpoint": "last"}))
-    with pytest.raises(SystemExit, match="holds or lies inside the run's checkpoint"):
+    with pytest.raises(ValueError, match="holds or lies inside the run's checkpoint"):
         T.ship_main(argparse.Namespace(**{**vars(args), "out": str(tmp_path / "run")}))
+    # on the command line, like every other bad input: one line, exit status 2 (it was SystemExit's status 1)
+    from hf_xpress.cli import report_bad_input
+
+    assert report_bad_input("hf-xpress ship", lambda: T.ship_main(argparse.Namespace(**{**vars(args), "checkpoint": "last"}))) == 2
     longer = tmp_path / "tau-longer.json"
     longer.write_text(json.dumps({"_setup": {"limit": 2, "max_new_tokens": 64}, "humaneval": {"tau": 1.4,
                                   "identical_to_greedy": 2, "prompts": 2}}))
-    with pytest.raises(SystemExit, match=r"measured on different prompts or lengths .*\(2, 16, 0, .*\(2, 64, 0, "):
+    with pytest.raises(ValueError, match=r"measured on different prompts or lengths .*\(2, 16, 0, .*\(2, 64, 0, "):
         T.ship_main(argparse.Namespace(**{**vars(args), "tau": [f"old={tau}", f"longer={longer}"]}))
     assert (out / "README.md").read_text() == card and (tmp_path / "run" / "best" / "config.json").exists()
 
@@ -1122,7 +1126,7 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
     with pytest.raises(ValueError, match="holds something other than a shipped drafter"):
         T.ship_main(argparse.Namespace(**{**vars(args), "out": str(mine)}))
     assert (mine / "notes.txt").read_text() == "important"
-    with pytest.raises(SystemExit, match="holds or lies inside the run's checkpoint"):
+    with pytest.raises(ValueError, match="holds or lies inside the run's checkpoint"):
         T.ship_main(argparse.Namespace(**{**vars(args), "out": str(tmp_path / "run" / "best" / "sub")}))
 
 
@@ -1338,14 +1342,14 @@ def test_tau_command_checks_its_arguments_before_loading_anything(tmp_path, monk
     monkeypatch.setattr(assets, "load_target", no_loading)
     parser = argparse.ArgumentParser()
     T.add_tau_parser(parser.add_subparsers())
-    with pytest.raises(SystemExit, match="--drafter needs --out FILE"):
+    with pytest.raises(ValueError, match="--drafter needs --out FILE"):
         T.tau_main(parser.parse_args(["tau", "--drafter", "drafters/x"]))
-    with pytest.raises(SystemExit, match="give --drafter"):
+    with pytest.raises(ValueError, match="give --drafter"):
         T.tau_main(parser.parse_args(["tau"]))
     ref = tmp_path / "ref.json"
     ref.write_text(json.dumps({"_settings": {"target": "smollm2-135m-instruct", "max_new_tokens": 128, "skip": 0},
                                "humaneval": {}}))
-    with pytest.raises(SystemExit, match="holds plain greedy outputs for .*'max_new_tokens': 128.* not .*256"):
+    with pytest.raises(ValueError, match="holds plain greedy outputs for .*'max_new_tokens': 128.* not .*256"):
         T.tau_main(parser.parse_args(["tau", "--reference", str(ref), "--max-new-tokens", "256", "--drafter", "d",
                                       "--out", str(tmp_path / "tau.json")]))
     out = ["--drafter", "d", "--out", str(tmp_path / "tau.json")]
@@ -1759,7 +1763,7 @@ def test_extend_takes_another_files_rows_and_refuses_another_vocabulary(tmp_path
     T.data_main(parser.parse_args([*base, "--extend", "--source", f"jsonl:{tmp_path / 'a' / 'chats.jsonl'}"]))
     assert "--extend: 0 new sequences appended" in capsys.readouterr().out
     target.config.vocab_size = V + 1
-    with pytest.raises(SystemExit, match="a dataset for a 128-token vocabulary .* has 129 tokens"):
+    with pytest.raises(ValueError, match="a dataset for a 128-token vocabulary .* has 129 tokens"):
         T.data_main(parser.parse_args([*base, "--extend", "--source", f"jsonl:{tmp_path / 'b' / 'chats.jsonl'}"]))
 
 

@@ -594,6 +594,11 @@ def test_unsupported_requests_are_clear_errors(target):
             _tree_generate(target, ids, drafter, bad, max_new_tokens=4)
     with pytest.raises(ValueError, match="return_dict_in_generate"):
         _tree_generate(target, ids, drafter, 2, max_new_tokens=4, return_dict_in_generate=True)
+    for schedule in ("cost", "heuristic"):  # a tree's depth is fixed: a moving draft count would be ignored
+        drafter.config.num_assistant_tokens_schedule = schedule
+        with pytest.raises(ValueError, match=f"its num_assistant_tokens_schedule '{schedule}' applies to chains"):
+            _tree_generate(target, ids, drafter, 2, max_new_tokens=4)
+    drafter.config.num_assistant_tokens_schedule = "constant"
     with pytest.raises(ValueError, match="assistant_ensemble_weight"):
         _tree_generate(target, ids, drafter, 2, max_new_tokens=4, assistant_ensemble_weight=0.5)
     with pytest.raises(ValueError, match="unpadded"):

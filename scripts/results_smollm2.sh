@@ -38,6 +38,7 @@
 #   bash scripts/results_smollm2.sh fp32-dyn-lookup  # fp32 exactness of dynamic trees with lookup as a branch (fails on a mismatch)
 #   bash scripts/results_smollm2.sh draft-vocab  # shipped settings with / without the training vocabulary as draft vocabulary
 #   bash scripts/results_smollm2.sh fp32    # end to end, fp32, greedy: exactness against plain generate
+#   bash scripts/results_smollm2.sh cost    # the xPress drafter, bf16 then fp32: 2 / 4 / 15 drafts per round against the "cost" schedule
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -311,5 +312,16 @@ PY
     hf-xpress bench "${D[@]}" --sets humaneval,mtbench,math500 --limit 2 --max-new-tokens 64 --passes 4 \
       --early-stop on,off --shortlist none,64 --dtype float32 --threads 2 --fail-on-mismatch \
       --out results/smollm2-fp32-exactness-s2
+    ;;&
+  cost|all)
+    # Drafts per round from measured costs (num_assistant_tokens_schedule="cost", thirty-first session) against
+    # fixed counts, all with the shipped threshold 0.2; bf16 (speed) then fp32 (where fixed counts lose, and exact).
+    M="plain,xpress K=2 es sl64 n2 c0.2,xpress K=2 es sl64 n4 c0.2,xpress K=2 es sl64 c0.2,xpress K=2 es sl64 c0.2 cost"
+    for dtype in bfloat16 float32; do
+      hf-xpress bench --drafter drafters/smollm2-135m-xpress-b16 --sets humaneval,mtbench,math500 --limit 8 \
+        --max-new-tokens 96 --passes 2 --early-stop on --shortlist 64 --drafts 2,4,none --confidence 0.2 \
+        --schedule constant,cost --methods "$M" --no-native-dflash --no-prompt-lookup --dtype $dtype --threads 2 \
+        --out results/smollm2-$([[ $dtype == bfloat16 ]] && echo bf16 || echo fp32)-cost-schedule --no-progress
+    done
     ;;
 esac

@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModel
 
 from .assets import DEFAULT_TARGET, apply_chat_template, load_target
+from .configuration_xpress import DRAFT_SCHEDULES
 
 DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-xpress-b16"
 DEMO_PROMPTS = (
@@ -31,12 +32,14 @@ def run_demo(
     tree_budget: int | None = None,
     drafts: int | None = None,
     lookup: int | None = None,
+    schedule: str | None = None,
 ) -> list[dict]:
     """Generate each prompt with plain greedy decoding, then with the drafter (chain verification, or with `tree`
     tree verification of that many slot-1 branches, or with `tree_budget` of a dynamic tree of that many draft nodes);
     print and return the figures. `drafts`: drafts per round (a tree's depth), default the drafter's own. `lookup`:
     prompt lookup's drafts per round too (`prompt_lookup_num_tokens`): with a tree its continuation joins the tree as
-    a branch (`lookup_branch`), with a chain it is tried first."""
+    a branch (`lookup_branch`), with a chain it is tried first. `schedule`: the drafter's `num_assistant_tokens_schedule`
+    for chains (`"cost"`: each round's drafts, up to `drafts`, from the costs measured as it runs)."""
     import hf_xpress  # noqa: F401  (the generate() hook)
 
     if tree_budget and not tree:
@@ -48,9 +51,14 @@ def run_demo(
     assistant = AutoModel.from_pretrained(str(drafter), dtype=torch_dtype).eval()
     if drafts is not None:
         assistant.config.num_assistant_tokens = int(drafts)
+    if schedule is not None:
+        assistant.config.num_assistant_tokens_schedule = schedule
+        assistant.config.validate_xpress()
+    moving = assistant.config.num_assistant_tokens_schedule != "constant"
     print(f"target {target} ({dtype}), drafter {drafter} (refiner={assistant.config.refiner}, "
           f"K={assistant.config.jacobi_passes}), {_describe_tree(tree, tree_budget)} verification, "
-          f"{assistant.config.num_assistant_tokens} drafts per round, "
+          f"{'up to ' if moving else ''}{assistant.config.num_assistant_tokens or 'all'} drafts per round"
+          f"{f' ({assistant.config.num_assistant_tokens_schedule} schedule)' if moving else ''}, "
           f"{_describe_lookup(lookup, tree)}"
           f"{torch.get_num_threads()} threads")
     if dtype == "float32":
@@ -80,11 +88,13 @@ def run_demo(
             "plain_tok_s": (plain.shape[1] - ids.shape[1]) / t_plain,
             "xpress_tok_s": new / t_fast,
             "speedup": t_plain / t_fast,
+            "plain_steps": assistant.stats.plain_steps,
         }
         rows.append(row)
         print(f"> {prompt}\n{tokenizer.decode(fast[0, ids.shape[1]:], skip_special_tokens=True).strip()}\n")
         print(f"  tau {row['tau']:.2f} | plain {row['plain_tok_s']:.1f} tok/s | xPress {row['xpress_tok_s']:.1f} tok/s "
-              f"| speed-up {row['speedup']:.2f}x | identical to plain generate: {row['identical']}")
+              f"| speed-up {row['speedup']:.2f}x | identical to plain generate: {row['identical']}"
+              + (f" | plain steps {row['plain_steps']}" if row["plain_steps"] else ""))
         if not row["identical"]:
             print(f"  {describe_divergence(model, tokenizer, plain[0], fast[0], ids.shape[1])}")
         print()
@@ -130,7 +140,9 @@ def slow_fp32_note(rows: list[dict], dtype: str) -> str | None:
         "Speed-ups below 1x in float32 are mostly this CPU's cost of verifying several tokens at once in fp32 (a 3-row "
         "fp32 matmul cost 2.4-3.4x a 1-row one on an AMD EPYC), not of drafting; fp32 is what lets the demo check every token "
         f"against plain generate. For speed, run `hf-xpress demo {FASTEST}` (bf16, the fastest setting measured; "
-        "bf16 outputs may differ from plain bf16 generate at near-ties). Figures: docs/benchmarks.md."
+        "bf16 outputs may differ from plain bf16 generate at near-ties); in float32, `--schedule cost --drafts 15` drafts "
+        "only where it pays on this host (24 prompts: 1.03x, where the shipped 2 drafts per round read 0.73x). Figures: "
+        "docs/benchmarks.md."
     )
 
 
@@ -162,6 +174,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--lookup", type=int, default=None, metavar="N",
                         help="prompt lookup's N drafts per round too: with --tree they join the drafter's tree as a "
                         "branch, with a chain lookup is tried first")
+    parser.add_argument("--schedule", default=None, choices=DRAFT_SCHEDULES,
+                        help="drafts per round for a chain: 'cost' picks each round's count (up to --drafts) from the "
+                        "acceptance and round times measured as it runs; default: the drafter's own")
     parser.set_defaults(func=_main)
 
 
@@ -171,5 +186,5 @@ def _main(args: argparse.Namespace) -> int:
     if args.tree_budget and not args.tree:
         raise ValueError("--tree-budget needs --tree W (the dynamic tree's children per node)")
     rows = run_demo(args.target, args.drafter, tuple(args.prompt or DEMO_PROMPTS), args.max_new_tokens, args.dtype,
-                    args.tree, args.tree_budget, args.drafts, args.lookup)
+                    args.tree, args.tree_budget, args.drafts, args.lookup, args.schedule)
     return int(args.dtype == "float32" and not all(row["identical"] for row in rows))

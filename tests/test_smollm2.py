@@ -170,6 +170,12 @@ def test_demo_command_runs_the_shipped_drafter_exactly(capsys):
     assert ("dynamic tree of 6 nodes (width 3) verification, 4 drafts per round, prompt lookup (10 drafts) as one "
             "more branch") in out
     assert "identical to plain generate: True" in out
+    # the "cost" schedule: each round's count from measured costs, plain steps included, still exact in fp32
+    assert main(["demo", "--prompt", prompt, "--max-new-tokens", "24", "--schedule", "cost"]) == 0
+    out = capsys.readouterr().out
+    assert "up to 2 drafts per round (cost schedule)" in out and "identical to plain generate: True" in out
+    assert main(["demo", "--prompt", prompt, "--tree", "3", "--schedule", "cost"]) == 2  # trees have a fixed depth
+    assert "num_assistant_tokens_schedule 'cost' applies to chains" in capsys.readouterr().err
     assert main(["demo", "--tree-budget", "6"]) == 2  # one line naming the problem
     assert "hf-xpress demo: error: --tree-budget needs --tree" in capsys.readouterr().err
 
@@ -179,7 +185,7 @@ def test_demo_explains_an_fp32_speed_up_below_one_and_names_the_fast_setting():
     from hf_xpress.demo import FASTEST, slow_fp32_note
 
     note = slow_fp32_note([{"speedup": 1.2}, {"speedup": 0.7}], "float32")
-    assert "below 1x in float32" in note and f"hf-xpress demo {FASTEST}" in note
+    assert "below 1x in float32" in note and f"hf-xpress demo {FASTEST}" in note and "--schedule cost" in note
     assert slow_fp32_note([{"speedup": 1.2}], "float32") is None
     assert slow_fp32_note([{"speedup": 0.7}], "bfloat16") is None
     args = build_parser().parse_args(["demo", *FASTEST.split()])  # the suggested command parses

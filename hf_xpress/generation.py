@@ -138,8 +138,9 @@ class DraftCountPlanner:
     shrunk towards the pooled rate (which also stands in for slots no round has reached). T(n) for n >= 1 is a
     least-squares line a + b n through the mean round time (draft, refine, verify and transformers' bookkeeping, from
     one round's start to the next's) at each n tried; T(0) is the plain step's own mean. The first rounds try `most`,
-    1, 0 and `most` (the first one's time is dropped: warm-up). While plain steps win, every `probe`-th round still
-    drafts (the best n >= 1), so the figures keep up with the text. Nothing here looks at the drafts themselves, so
+    1, 0 and `most` (the first one's time is dropped: warm-up). Plain steps are taken only where they beat the best
+    count by `PLAIN_MARGIN` (they teach nothing about acceptance, and the rates are noisy), and while they do, every
+    `probe`-th round still drafts (the best n >= 1), so the figures keep up with the text. Nothing here looks at the drafts themselves, so
     sampling stays exact: how many drafts a round submits depends on earlier rounds only.
 
     Where verifying more tokens costs little (a GPU), it settles on `most`; where every verified token costs (a CPU),
@@ -148,6 +149,7 @@ class DraftCountPlanner:
 
     EXPLORE = (None, 1, 0, None)  # the first rounds' counts (None: `most`), before the first choice
     PRIOR = 2.0  # pseudo-rounds of the pooled rate in each slot's estimate
+    PLAIN_MARGIN = 1.1  # plain steps must beat drafting by this factor: they teach nothing about acceptance
 
     def __init__(self, most: int, decay: float = 0.95, probe: int = 8):
         self.most, self.decay, self.probe = most, decay, probe
@@ -165,7 +167,8 @@ class DraftCountPlanner:
             return self.most if n is None else n
         best, rate = self.best_drafting()
         plain = self.times.get(0)
-        if plain is not None and plain[1] > 0 and plain[1] / plain[0] > rate and self.plain_in_a_row < self.probe:
+        if (plain is not None and plain[1] > 0 and plain[1] / plain[0] > self.PLAIN_MARGIN * rate
+                and self.plain_in_a_row < self.probe):
             return 0
         return best
 

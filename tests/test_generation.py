@@ -661,6 +661,19 @@ def test_cost_schedule_follows_a_change_in_acceptance():
     assert later[-10:] == [15] * 10, later
 
 
+@pytest.mark.parametrize("drafting_over_plain, plain", [(0.95, False), (0.85, True)])
+def test_cost_schedule_takes_plain_steps_only_by_a_margin(drafting_over_plain, plain):
+    """A plain step teaches nothing about acceptance and the rates are noisy, so the planner takes one only where it
+    beats the best draft count by `PLAIN_MARGIN` (1.1): drafting at 0.95x plain's speed still drafts, at 0.85x not."""
+    planner = generation.DraftCountPlanner(1)
+    planner.planned = len(planner.EXPLORE)  # past the opening rounds
+    planner.reached[1], planner.accepted[1] = 100.0, 50.0  # E(1) = 1.5 tokens (with the prior: 1.5)
+    plain_step = 0.040
+    planner.times = {0: [plain_step, 1.0], 1: [1.5 * plain_step / drafting_over_plain, 1.0]}
+    assert planner.best_drafting()[1] == pytest.approx(drafting_over_plain / plain_step)
+    assert planner.next_count() == (0 if plain else 1)
+
+
 @pytest.mark.parametrize("refiner", REFINERS)
 def test_cost_schedule_plain_steps_keep_the_drafter_context_and_stay_exact(target, refiner, oracle, monkeypatch):
     """Rounds the planner makes plain steps (0 drafts) keep their verified tokens' target features for the drafter, so

@@ -141,7 +141,7 @@ def slow_fp32_note(rows: list[dict], dtype: str) -> str | None:
         "fp32 matmul cost 2.4-3.4x a 1-row one on an AMD EPYC), not of drafting; fp32 is what lets the demo check every token "
         f"against plain generate. For speed, run `hf-xpress demo {FASTEST}` (bf16, the fastest setting measured; "
         "bf16 outputs may differ from plain bf16 generate at near-ties); in float32, `--schedule cost --drafts 15` drafts "
-        "only where it pays on this host (24 prompts: 1.03x, where the shipped 2 drafts per round read 0.73x). Figures: "
+        "only where it pays on this host (24 prompts: 1.04x, where the shipped 2 drafts per round read 0.73x). Figures: "
         "docs/benchmarks.md."
     )
 

@@ -78,6 +78,43 @@ def batched(target, drafter, batch: int, passes: list[int], context_length: int,
     return out
 
 
+def cost_line(target, drafter, context_length: int, new_tokens: int = 48) -> dict:
+    """What the "cost" draft-count schedule measures on this device: one greedy `generate` with it (random weights, so
+    drafts are rarely accepted and the counts say little), then its planner's round-time line T(n) = a + b n (from
+    the opening rounds at B-1 and 1 drafts) and its plain step T(0). A flat line (T(15) / T(1) near 1) is what lets it
+    submit every draft on a GPU."""
+    from hf_xpress import generation
+
+    planners = []
+    original = generation.DraftCountPlanner.__init__
+
+    def capture(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        planners.append(self)
+
+    saved = drafter.config.num_assistant_tokens_schedule, drafter.config.num_assistant_tokens
+    generation.DraftCountPlanner.__init__ = capture
+    try:
+        drafter.config.num_assistant_tokens_schedule, drafter.config.num_assistant_tokens = "cost", None
+        ids = torch.randint(0, drafter.config.vocab_size - 1, (1, context_length), device=target.device)
+        target.generate(ids, assistant_model=drafter, max_new_tokens=new_tokens, do_sample=False)
+    finally:
+        generation.DraftCountPlanner.__init__ = original
+        drafter.config.num_assistant_tokens_schedule, drafter.config.num_assistant_tokens = saved
+    planner, stats = planners[-1], drafter.stats
+    line = planner.time_line()
+    plain = planner.times.get(0)
+    most = drafter.config.block_size - 1
+    return {
+        "a_ms": None if line is None else line[0] * 1e3,
+        "b_ms_per_draft": None if line is None else line[1] * 1e3,
+        f"t{most}_over_t1": None if line is None else (line[0] + most * line[1]) / (line[0] + line[1]),
+        "plain_step_ms": None if not plain else plain[0] / plain[1] * 1e3,
+        "drafts_per_round": list(stats.proposed),
+        "plain_steps": stats.plain_steps,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="results/gpu/latency.json")
@@ -121,6 +158,7 @@ def main() -> int:
                                          repeats=repeats, verbose=True, compiled=True)
         report["batched"] = [batched(target, drafter, int(b), passes, args.context, repeats)
                              for b in args.batches.split(",") if b]
+    report["cost_schedule"] = cost_line(target, drafter, args.context)
 
     r = report["batch1"]
     eager, graphed = r["refine_ms"], r["refine_compiled_ms"]
@@ -149,6 +187,7 @@ def main() -> int:
         print(f"batch {row['batch']}: K=4 eager {row['refine_eager_ms'][4] * 1e3:.0f} us, compiled "
               f"{row['refine_compiled_ms'][4] * 1e3:.0f} us, verify {row['verify_ms'] * 1e3:.0f} us")
     print(json.dumps(report["goals"], indent=1))
+    print("cost schedule:", json.dumps(report["cost_schedule"]))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1, default=str))
     print(f"wrote {args.out} ({time.time() - started:.0f}s total)")

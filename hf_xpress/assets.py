@@ -345,6 +345,11 @@ def resolve_target(name_or_path: str) -> str:
     return name_or_path
 
 
+def looks_like_a_path(name: str) -> bool:
+    """A local path rather than a Hub id (`org/name`): absolute, relative with `.`/`~`, or more than one `/`."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
 def load_target(
     name_or_path: str = DEFAULT_TARGET,
     dtype: torch.dtype = torch.float32,
@@ -355,13 +360,20 @@ def load_target(
     ``tokenizer=False``: the model alone, ``(model, None)`` (a folder need not hold a tokenizer then)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from safetensors import SafetensorError
+
     path = resolve_target(name_or_path)
+    if looks_like_a_path(path) and not Path(path).expanduser().exists():  # else read as a Hub id, retried online
+        raise ValueError(f"The target {name_or_path!r} does not exist (a local path; aliases: {', '.join(GGUF_MODELS)})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path) if tokenizer else None
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     except OSError as err:  # a missing folder reads as a malformed Hub id
         raise ValueError(f"Could not load the target {name_or_path!r}: not an alias ({', '.join(GGUF_MODELS)}), a "
                          f"model folder or a Hub id ({err})") from err
+    except (SafetensorError, ValueError, RuntimeError) as err:  # a truncated or corrupt weight file, a bad config
+        raise ValueError(f"Could not load the target {name_or_path!r}: its files are damaged or not a causal LM's "
+                         f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''})") from err
     model.eval()
     return model, tokenizer
 

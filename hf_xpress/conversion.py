@@ -41,7 +41,7 @@ from huggingface_hub.errors import StrictDataclassError
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .configuration_xpress import XPressDrafterConfig, default_target_layer_ids
+from .configuration_xpress import INFERENCE_SETTINGS, XPressDrafterConfig, default_target_layer_ids
 from .modeling_xpress import XPressDrafterModel, check_compatible
 
 
@@ -213,6 +213,10 @@ def _target_text_config(target) -> Any | None:
         return target.config.get_text_config()
     from transformers import AutoConfig
 
+    from .assets import looks_like_a_path
+
+    if looks_like_a_path(str(target)) and not Path(target).expanduser().exists():  # else read as a Hub id
+        raise ConversionError(f"The target {str(target)!r} does not exist (a local path).")
     try:
         return AutoConfig.from_pretrained(target).get_text_config()
     except OSError as err:  # a missing folder reads as a malformed Hub id
@@ -346,6 +350,8 @@ def dflash_config_to_xpress(
         mask_token_id=int(mask_token_id),
         refiner=None,
         **zlab_attention_layout(raw),
+        # our own export (`export_vllm`) records the inference settings its layout has no field for
+        **{k: v for k, v in (raw.get("hf_xpress") or {}).items() if k in INFERENCE_SETTINGS},
     )
 
 
@@ -523,9 +529,10 @@ def _torch_load_safely(path: Path) -> Any:
             raise ConversionError(
                 f"Refusing to load {path}: it pickles Python objects ({', '.join(found)}) "
                 "that torch.load(weights_only=True) does not allow, and loading it fully could run arbitrary code. "
-                "If you trust the file, re-save its tensors only, e.g. torch.save({'args': vars(ck['args']), "
-                "'refiner_state_dict': ck['refiner_state_dict'], 'draft_state_dict': ck.get('draft_state_dict')}, "
-                "'clean.pt') after ck = torch.load(path, weights_only=False)."
+                "If you trust the file, re-save its tensors and plain values only, e.g. after ck = torch.load(path, "
+                "weights_only=False): torch.save({'args': {k: v if isinstance(v, (int, float, str, bool, type(None))) "
+                "else str(v) for k, v in vars(ck['args']).items()}, 'refiner_state_dict': ck['refiner_state_dict'], "
+                "'draft_state_dict': ck.get('draft_state_dict')}, 'clean.pt')."
             ) from err
         raise ConversionError(
             f"Could not read {path} as a torch checkpoint ({type(err).__name__}: {err}); is it corrupt?"
@@ -754,11 +761,8 @@ def dflash_config_dict(config: XPressDrafterConfig, dtype: torch.dtype) -> dict:
         "use_sliding_window": bool(config.sliding_layers),
         "vocab_size": int(config.vocab_size),
         # Not read by vLLM; lets `load_vllm` restore the hf-xpress fields the dFlash layout has no place for.
-        "hf_xpress": {
-            "target_model_type": config.target_model_type,
-            "jacobi_passes": int(config.jacobi_passes),
-            "jacobi_early_stop": bool(config.jacobi_early_stop),
-        },
+        "hf_xpress": {"target_model_type": config.target_model_type,
+                      **{name: getattr(config, name) for name in INFERENCE_SETTINGS}},
     }
 
 
@@ -832,8 +836,8 @@ def load_vllm(folder: str | os.PathLike, *, target=None, dtype=None) -> XPressDr
     fields = config.to_dict()
     for key in ("architectures", "auto_map", "transformers_version", "model_type", "dtype", "torch_dtype"):
         fields.pop(key, None)
-    for key in ("target_model_type", "jacobi_passes", "jacobi_early_stop"):
-        if extra.get(key) is not None and (key != "target_model_type" or fields.get(key) is None):
+    for key in ("target_model_type", *INFERENCE_SETTINGS):  # what the drafter was exported with
+        if key in extra and (key != "target_model_type" or fields.get(key) is None):
             fields[key] = extra[key]
     state = read_state_dict(folder)
     drafter_state = {k: v for k, v in state.items() if not k.startswith(("xpress_head.", "markov_head."))}

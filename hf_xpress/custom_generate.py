@@ -10,7 +10,7 @@ calls `generate(model=<target>, **every generate() argument)`; a folder/repo `cu
 `assistant_model`. The drafter is `assistant_model=` (an xPress drafter already loaded, e.g. with
 `AutoModel.from_pretrained(<repo>, trust_remote_code=True)`), else `xpress_drafter=` (a folder or Hub id), else
 the repository this file was published in. `jacobi_passes=` overrides K for the call. Decoding is transformers'
-own assisted decoding with `XPressCandidateGenerator`, installed for this one call on this one model; with
+own assisted decoding with `XPressCandidateGenerator`, routed to on this one model while calls run on it; with
 `tree_width=W`, tree verification of W slot-1 branches (`tree_decoding.py`, copied next to this file), and with
 `tree_budget=N` too, of a dynamic tree of the drafter's N most probable draft nodes; `lookup_branch=True` (with
 `prompt_lookup_num_tokens`) adds prompt lookup's continuation to the tree as a branch; a `streamer` and
@@ -19,9 +19,12 @@ own assisted decoding with `XPressCandidateGenerator`, installed for this one ca
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
+import threading
 import types
+from contextvars import ContextVar
 
 from transformers import StoppingCriteriaList
 
@@ -88,21 +91,49 @@ def generate(model, *args, assistant_model=None, xpress_drafter=None, jacobi_pas
         return type(model).generate(model, *args, custom_generate=tree_decoding, drafter=drafter,
                                     tree_width=tree_width, tree_budget=tree_budget, lookup_branch=lookup_branch,
                                     **kwargs)
-    original_get = type(model)._get_candidate_generator
-    stopping_criteria = kwargs.get("stopping_criteria")  # the user's; the generator adds stop strings itself
-
-    def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
-                                 assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
-        if assistant_model is drafter and generation_config.speculation_type != "dflash":
-            # this call's passes go to its generator; the drafter (shared by every call) is left as it is
-            return XPressCandidateGenerator(self, drafter, generation_config, logits_processor, target_tokenizer,
-                                            jacobi_passes=jacobi_passes, stopping_criteria=stopping_criteria)
-        return original_get(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
-                            assistant_model, target_tokenizer, assistant_tokenizer)
-
-    # Only this call on this model: an instance attribute shadows the class method and is removed afterwards.
-    model._get_candidate_generator = types.MethodType(_get_candidate_generator, model)
-    try:
-        return type(model).generate(model, *args, assistant_model=drafter, **kwargs)
+    # this call's passes and criteria go to its generator; the drafter (shared by every call) is left as it is
+    token = _CALL.set((drafter, jacobi_passes, kwargs.get("stopping_criteria")))  # the user's criteria (stop strings:
+    try:                                                                             # the generator adds them)
+        with _routed(model):
+            return type(model).generate(model, *args, assistant_model=drafter, **kwargs)
     finally:
-        vars(model).pop("_get_candidate_generator", None)
+        _CALL.reset(token)
+
+
+# The recipe's call in progress in this thread / task: (drafter, jacobi_passes, the user's stopping criteria).
+_CALL: ContextVar[tuple | None] = ContextVar("hf_xpress_custom_generate_call", default=None)
+_ROUTED: dict[int, int] = {}  # id(target) -> recipe calls in progress on it
+_LOCK = threading.Lock()
+
+
+def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+                             assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
+    """The target's candidate generator while recipe calls run on it: ours for the calling context's drafter."""
+    call = _CALL.get()
+    if call is not None and assistant_model is call[0] and generation_config.speculation_type != "dflash":
+        drafter, jacobi_passes, stopping_criteria = call
+        return XPressCandidateGenerator(self, drafter, generation_config, logits_processor, target_tokenizer,
+                                        jacobi_passes=jacobi_passes, stopping_criteria=stopping_criteria)
+    return type(self)._get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor,
+                                               model_kwargs, assistant_model, target_tokenizer, assistant_tokenizer)
+
+
+@contextlib.contextmanager
+def _routed(model):
+    """Route `model`'s candidate generator through `_get_candidate_generator` while any recipe call runs on it.
+
+    Without hf-xpress installed there is no `install()`: an instance attribute shadows the class method, set by the
+    first call on this model and removed by the last to end, so concurrent calls (each with its own `_CALL`) never
+    remove it from under one another, and nothing is left on the model afterwards."""
+    with _LOCK:
+        if _ROUTED.get(id(model), 0) == 0:
+            model._get_candidate_generator = types.MethodType(_get_candidate_generator, model)
+        _ROUTED[id(model)] = _ROUTED.get(id(model), 0) + 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _ROUTED[id(model)] -= 1
+            if _ROUTED[id(model)] == 0:
+                del _ROUTED[id(model)]
+                vars(model).pop("_get_candidate_generator", None)

@@ -16,17 +16,25 @@ the tokens those rounds verified at its next forward.
 transformers checks stopping criteria only at the end of a round (max length and EOS also inside it), so a stop
 string or a user's `StoppingCriteria` that an accepted draft satisfies before the round's last token would not stop
 generation where plain `generate` stops. Drafts therefore end before the first token at which any such criterion
-fires (criteria are checked on each draft's sequence, without scores, as plain `generate` checks them by default).
+fires (criteria are checked on each draft's sequence, without scores, as plain `generate` checks them by default;
+a user's own criteria on shallow copies, so that drafts the target rejects do not advance the state they keep).
 
 transformers has no public hook for a third-party candidate generator: `_get_candidate_generator` is a fixed
 if/elif chain, and it is not handed the stopping criteria. `install()` wraps it, and only for xPress drafters (every
 other assistant goes to the original method untouched), and wraps `_assisted_decoding` only to make its
-`stopping_criteria` visible to that choice. These, and `_extract_generation_mode_kwargs` for `custom_generate`
-(see `install`), are the package's only reach into private transformers APIs.
+`stopping_criteria` visible to that choice; `_extract_generation_mode_kwargs` is wrapped for `custom_generate` (see
+`install`). Other private names read, each where the public API has no equivalent: `generation_config.
+_eos_token_tensor` (the EOS ids `generate` prepared, as transformers' own candidate generators read them),
+`config._attn_implementation`, the parent generator's `_get_noise_embeds` / `noise_ids_mask`, and the cache layers'
+`keys` / `values` (`tree_decoding.keep_cache_rows`, to keep an accepted branch's rows). The Hub recipe
+(`custom_generate.py`), which runs without this package and so without `install()`, overrides
+`_get_candidate_generator` on the one target instance for the one call; the benchmark wraps it while it runs, to
+time transformers' own generators.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import math
@@ -251,6 +259,12 @@ def position_dependent_rope(config) -> tuple[str, int] | None:
     return None
 
 
+# Draft-count settings that transformers reads from a classic assistant's generation_config (their GenerationConfig
+# defaults), and an xPress drafter from its own config: given to generate(), they change nothing (a warning says so).
+DRAFTER_SETTINGS = {"num_assistant_tokens": 20, "num_assistant_tokens_schedule": "constant",
+                    "assistant_confidence_threshold": 0.4}
+
+
 def check_generation_options(target, generation_config: GenerationConfig) -> None:
     """Refuse generate() options that speculative decoding with an xPress drafter would silently get wrong."""
     if generation_config.guidance_scale is not None and generation_config.guidance_scale != 1:
@@ -272,6 +286,14 @@ def check_generation_options(target, generation_config: GenerationConfig) -> Non
             f"verifying several tokens at once past position {rope[1]} would rotate them differently from plain "
             f"generate's one-token steps. With an xPress drafter keep max_length <= {rope[1]} (it is "
             f"{generation_config.max_length})."
+        )
+    ignored = [f"{name}={getattr(generation_config, name)!r}" for name, default in DRAFTER_SETTINGS.items()
+               if getattr(generation_config, name, default) != default]
+    if ignored:  # transformers reads these from a classic assistant's own generation_config, never from generate()
+        logger.warning_once(
+            f"generate() was given {', '.join(ignored)}, which an xPress drafter does not read: its drafts per round "
+            "come from its own config. Set them there instead, e.g. drafter.config.num_assistant_tokens = 4 (also "
+            "num_assistant_tokens_schedule, assistant_confidence_threshold)."
         )
     attention = getattr(target.config, "_attn_implementation", None)
     if generation_config.output_attentions and generation_config.return_dict_in_generate and attention != "eager":
@@ -475,7 +497,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
     def _before_stop(self, input_ids: torch.LongTensor, drafts: list[int]) -> int:
         """How many of `drafts` to submit: all those before the first one whose acceptance would complete a stop
         string (transformers checks stopping criteria on a round's last token only). All without stop strings."""
-        stop = None if self.stop is None else first_stop(self.stop, input_ids, drafts)
+        stop = None if self.stop is None else first_stop(draft_copies(self.stop), input_ids, drafts)
         return len(drafts) if stop is None else stop
 
     def lookup_continuation(self, input_ids: torch.LongTensor) -> list[int]:
@@ -630,6 +652,21 @@ def first_stop(criteria, input_ids: torch.LongTensor, tokens: list[int]) -> int 
         if fired:
             return j
     return None
+
+
+def draft_copies(criteria) -> list:
+    """`criteria` to check drafts with: transformers' own as they are (they keep no state), every other one as a
+    shallow copy, so that drafts the target then rejects do not advance a count or a flag it keeps. The originals see
+    committed tokens only: transformers calls them at the end of each round."""
+    copies = []
+    for criterion in criteria:
+        if not type(criterion).__module__.startswith("transformers."):
+            try:
+                criterion = copy.copy(criterion)
+            except Exception:  # an object that refuses copying is checked as it is (documented: no state, then)
+                pass
+        copies.append(criterion)
+    return copies
 
 
 def enforced_in_round(criterion, generation_config: GenerationConfig) -> bool:

@@ -268,6 +268,8 @@ def publish(
         _check_repo_id(repo_id)
     _check_publishable(drafter)
     folder = Path(destination).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} exists and is not a folder: publish writes a folder (what is uploaded) there.")
     if folder.is_dir() and any(folder.iterdir()):
         raise ValueError(f"{folder} exists and is not empty: publish writes exactly what is uploaded, into a new or "
                          "empty folder (files already there would be mixed in).")
@@ -305,7 +307,10 @@ def _run_push(args) -> int:
     from .conversion import load_checkpoint
 
     drafter = load_checkpoint(args.source, refiner=args.refiner, base=args.base, target=args.target_config)
-    results = json.loads(Path(args.results).read_text()) if args.results else None
+    try:
+        results = json.loads(Path(args.results).read_text()) if args.results else None
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--results {args.results}: not a readable JSON file ({err})") from err
     if results is not None and not (isinstance(results, dict) and all(
             isinstance(row, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in row.values())
             for row in results.values())):

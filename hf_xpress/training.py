@@ -38,6 +38,7 @@ import itertools
 import json
 import math
 import os
+import pickle
 import random
 import re
 import signal
@@ -51,6 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 
 from .configuration_xpress import INFERENCE_SETTINGS, XPressDrafterConfig
 from .modeling_xpress import (
@@ -784,6 +786,39 @@ def data_prefix_hash(data: Dataset, num_tokens: int) -> str:
     return digest.hexdigest()
 
 
+def _trim_log(path: Path, step: int) -> None:
+    """Keep the rows of a run's `log.jsonl` up to `step` (the resumed checkpoint's; -1: none), atomically."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:  # a line cut by the kill
+            continue
+        if isinstance(row, dict) and (row.get("eval") or row).get("step", 0) <= step:  # a training or an eval row
+            kept.append(line)
+    _write_atomic(path, "".join(f"{line}\n" for line in kept))
+
+
+def _damaged_checkpoint(where: Path, err: Exception) -> str:
+    """The message for a checkpoint that cannot be read back (a truncated or missing file in it)."""
+    first = str(err).splitlines()[0] if str(err) else ""
+    return (f"the run's checkpoint {where} is damaged and cannot be resumed ({type(err).__name__}: {first}). Move that "
+            "folder aside (a `checkpoint.old` next to it holds the save before, resumable if renamed to `checkpoint`), "
+            "or train into a new --out (--init-drafter continues from a saved drafter's weights).")
+
+
+def target_fingerprint(target) -> str:
+    """A short hash of a target's identity: its sizes and the first rows of its embedding and lm_head, rounded to
+    bfloat16 (the same for a target loaded in any dtype, different for another model of the same sizes)."""
+    text = target.config.get_text_config()
+    digest = hashlib.sha256(f"{text.vocab_size}/{text.hidden_size}/{text.num_hidden_layers}".encode())
+    for module in (target.get_input_embeddings(), target.get_output_embeddings()):
+        digest.update(module.weight[:4].detach().to("cpu", torch.bfloat16).float().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 class FeatureCache:
     """Local, uncommitted cache of target features: `[T, (n+1)*H]` bf16 (stored as uint16), rows aligned with the
     dataset's tokens: `cat(hidden_states[i+1] for i in layer_ids)` then the final (normed) hidden state.
@@ -793,7 +828,7 @@ class FeatureCache:
     the cache's, grows it. Caches written before the hash was recorded are taken as they are."""
 
     def __init__(self, folder: str | os.PathLike, num_tokens: int, width: int, layer_ids: list[int], mode: str = "r",
-                 data: Dataset | None = None):
+                 data: Dataset | None = None, target: Any | None = None):
         self.folder = Path(folder)
         self.layer_ids = list(layer_ids)
         self.width = width
@@ -804,8 +839,13 @@ class FeatureCache:
             fresh = {"num_tokens": num_tokens, "width": width, "layer_ids": self.layer_ids, "num_done": 0}
             if data is not None:
                 fresh["data_sha256"] = data_prefix_hash(data, num_tokens)
+            if target is not None:
+                fresh["target_sha256"] = target_fingerprint(target)
             _write_atomic(meta, json.dumps(fresh))
         info = json.loads(meta.read_text())
+        if target is not None and info.get("target_sha256") not in (None, target_fingerprint(target)):
+            raise ValueError(f"feature cache {self.folder} holds another target's features (its weights differ from "
+                             "this --target's): give this target's own --feature-cache folder, or a new one")
         recorded = info.get("data_sha256")
         if data is not None and recorded is not None and info["num_tokens"] <= num_tokens and \
                 recorded != data_prefix_hash(data, info["num_tokens"]):
@@ -879,7 +919,8 @@ def label_dataset(target: Any, folder: Path, *, layer_ids: list[int] | None, cac
     cache = None
     if cache_dir is not None:
         H = target.config.get_text_config().hidden_size
-        cache = FeatureCache(cache_dir, int(ds.offsets[-1]), (len(layer_ids) + 1) * H, layer_ids, mode="w", data=ds)
+        cache = FeatureCache(cache_dir, int(ds.offsets[-1]), (len(layer_ids) + 1) * H, layer_ids, mode="w", data=ds,
+                             target=target)
     labelled = ds.num_labelled
     done = labelled if cache is None else min(labelled, cache.num_done)
     lm_head = target.get_output_embeddings()
@@ -1756,6 +1797,15 @@ def check_train_numbers(cfg: "TrainConfig") -> None:
             raise ValueError(f"{name} must be a positive number, got {getattr(cfg, name)}")
     if cfg.train_vocab < 0:
         raise ValueError(f"train_vocab must be >= 0 (0: the whole vocabulary), got {cfg.train_vocab}")
+    if not 0 <= cfg.warmup < 1:
+        raise ValueError(f"warmup must be a fraction of max_steps in [0, 1) (0.04: the first 4% of steps), got {cfg.warmup}")
+    for name in ("threads", "stop_after_steps", "lora_rank"):
+        if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
+            raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.max_seconds is not None and not cfg.max_seconds > 0:
+        raise ValueError(f"max_seconds must be a positive number of seconds, got {cfg.max_seconds}")
+    if Path(cfg.out).exists() and not Path(cfg.out).is_dir():
+        raise ValueError(f"--out {cfg.out} exists and is not a folder (a run writes its checkpoints and drafters there)")
 
 
 class Trainer:
@@ -1768,6 +1818,7 @@ class Trainer:
         from accelerate import Accelerator
 
         self.cfg = cfg
+        check_train_numbers(cfg)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         # step_scheduler_with_optimizer=False: every process runs every optimizer step here (each takes its own share
@@ -1778,6 +1829,7 @@ class Trainer:
                                  cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
         if self.accel.device.type == "cpu":
             keep_freed_memory()
+        named = target is None  # loaded from cfg.target (else a caller's model: its name is unknown)
         if target is None:
             from .assets import load_target
 
@@ -1792,6 +1844,14 @@ class Trainer:
         if largest >= vocab_size:
             raise ValueError(f"{cfg.data} holds token id {largest}, outside the target's vocabulary "
                              f"({vocab_size} tokens): the data was built for another target.")
+        labelled_by = self.data.manifest.get("target")
+        if self.data.manifest.get("vocab_size", vocab_size) != vocab_size:
+            raise ValueError(f"{cfg.data} was labelled by a target with a {self.data.manifest['vocab_size']}-token "
+                             f"vocabulary ({labelled_by!r}), but the target has {vocab_size} tokens: its labels are "
+                             "another model's. Label the data with this target (hf-xpress data --target ...).")
+        if labelled_by is not None and named and labelled_by != cfg.target:
+            self.accel.print(f"[train] warning: {cfg.data} was labelled by {labelled_by!r}, not --target "
+                             f"{cfg.target!r}: its labels are that model's", flush=True)
         if min(cfg.ce_weight, cfg.tv_weight) < 0 or cfg.ce_weight + cfg.tv_weight <= 0:
             raise ValueError(f"ce_weight and tv_weight must be >= 0 and not both 0, got {cfg.ce_weight} / {cfg.tv_weight}")
         if not 0.0 <= cfg.refiner_dropout < 1.0:
@@ -1830,7 +1890,7 @@ class Trainer:
         if cfg.feature_cache:
             width = (len(self.drafter.config.target_layer_ids) + 1) * self.drafter.config.hidden_size
             cache = FeatureCache(cfg.feature_cache, int(self.data.offsets[-1]), width, self.drafter.config.target_layer_ids,
-                                 data=self.data)
+                                 data=self.data, target=self.target)
             if cache.num_done >= self.num_sequences:
                 self.cache = cache
                 self._release_target_layers()
@@ -2155,7 +2215,11 @@ class Trainer:
         for order, name in enumerate(("checkpoint", "checkpoint.tmp", "checkpoint.old")):
             marker = self.out / name / "trainer_state.json"
             if marker.exists():
-                found.append((json.loads(marker.read_text())["state"]["step"], -order, self.out / name))
+                try:
+                    step = json.loads(marker.read_text())["state"]["step"]
+                except (ValueError, KeyError, TypeError) as err:
+                    raise ValueError(_damaged_checkpoint(marker, err)) from err
+                found.append((step, -order, self.out / name))
         return max(found)[2] if found else None
 
     def load_checkpoint(self) -> bool:
@@ -2164,7 +2228,10 @@ class Trainer:
             return False
         saved = json.loads((folder / "trainer_state.json").read_text())
         self._check_resumable(saved.get("config", {}), folder, saved.get("data"))
-        self.accel.load_state(str(folder))
+        try:
+            self.accel.load_state(str(folder))
+        except (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError) as err:
+            raise ValueError(_damaged_checkpoint(folder, err)) from err
         self.state, self.history = saved["state"], saved["history"]
         self.earlier_runs = saved.get("earlier_runs", self.earlier_runs)
         return True
@@ -2232,6 +2299,8 @@ class Trainer:
         if self.state.get("device") not in (None, here) and not self.state["device"].endswith(here):
             here = f"{self.state['device']}, then {here}"  # resumed somewhere else
         self.state["device"] = here
+        if self.accel.is_main_process:  # rows a killed process logged after its last checkpoint are logged again
+            _trim_log(self.out / "log.jsonl", self.state["step"] if resumed else -1)
         log = open(self.out / "log.jsonl", "a") if self.accel.is_main_process else open(os.devnull, "w")
         self.accel.print(f"[train] {'resumed at' if resumed else 'starting'} step {self.state['step']}/{cfg.max_steps}; "
               f"{len(self.train_ids)} train / {len(self.heldout)} held-out sequences; drafter "
@@ -2338,9 +2407,12 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
                  "seed", "heldout_every", "heldout_seqs", "eval_every", "save_every", "threads", "mask_token_id",
                  "stop_after_steps", "intermediate_size", "max_sequences", "loss_slots"):
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=int, default=getattr(d, name))
+    helps = {"warmup": "the learning rate's warm-up, as a fraction of --max-steps (default 0.04)",
+             "max_seconds": "stop (and checkpoint) after this much training time in this process"}
     for name in ("gamma", "ce_weight", "tv_weight", "lr", "weight_decay", "refiner_weight_decay", "refiner_dropout",
                  "warmup", "clip", "max_seconds"):
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=float, default=getattr(d, name))
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=float, default=getattr(d, name),
+                       help=helps.get(name))
     p.add_argument("--layer-ids", dest="layer_ids", default=None, help="comma-separated target layers")
     p.add_argument("--mixed-precision", dest="mixed_precision", default=d.mixed_precision, choices=["no", "bf16"])
     p.add_argument("--feature-cache", dest="feature_cache", default=None)
@@ -2451,7 +2523,8 @@ def tau_main(args: argparse.Namespace) -> int:
     if args.tree_budget and not args.tree:
         raise ValueError("--tree-budget needs --tree W (the dynamic tree's expansion width)")
     for flag, value, least in (("--limit", args.limit, 1), ("--skip", args.skip, 0), ("--threads", args.threads, 0),
-                               ("--max-new-tokens", args.max_new_tokens, 1), ("--lookup", args.lookup, 0)):
+                               ("--max-new-tokens", args.max_new_tokens, 1), ("--lookup", args.lookup, 0),
+                               ("--tree", args.tree, 1), ("--tree-budget", args.tree_budget, 1)):
         if value is not None and value < least:
             raise ValueError(f"{flag} must be at least {least}, got {value}")
     if args.out and Path(args.out).is_dir():  # before the measurement, not after it
@@ -2760,8 +2833,7 @@ Trained with `hf-xpress train` (see `scripts/` and `docs/training.md` in the hf-
 - **Drafter**: {shape.num_hidden_layers} layers, target layers {list(shape.target_layer_ids)}, block {shape.block_size}, {f"refiner `{refiner}` (rank {shape.refiner_rank})" if refiner else "no refiner"}{_adapted(cfg)};
   {_count_parameters(out) / 1e6:.2f}M parameters stored as bf16 safetensors.
 - **Objective**: {'dFlash CE against the target argmax' if refiner is None else ('teacher-forced + 0.6 x drafter-anchor' if refiner == 'markov' else 'teacher-forced + 0.3 x mean of 3 free-running Jacobi rounds + 0.6 x drafter-anchor')}{'' if refiner is None else f", each {cfg.get('ce_weight', 0.1)} x CE + {cfg.get('tv_weight', 0.9)} x TV(q, p_target)"}, slot weights exp(-(k-1)/{cfg['gamma']}).
-  Losses over the {cfg['train_vocab'] or 'full'} most frequent target labels of the training split (training vocabulary; the
-  refiner's output rows for other tokens are zero). Drafts at inference are restricted to the draft vocabulary when the
+  {f"Losses over the {cfg['train_vocab']} most frequent target labels of the training split (training vocabulary; the refiner's output rows for other tokens are zero)." if cfg['train_vocab'] else "Losses over the whole vocabulary."} Drafts at inference are restricted to the draft vocabulary when the
   folder has one (below); `refiner_shortlist`, if set, only limits the refiner's correction to the drafter's top candidates.
 - **Budget**: {state['step'] - state['skipped']} steps x {cfg['batch_size']} sequences x up to {cfg['anchors_per_seq']} anchors (fewer in short responses) = {state['blocks']} blocks{f" (losses on slots 1..{cfg['loss_slots']} of each)" if cfg.get('loss_slots') else ''},
   {state['tokens']} training tokens (target tokens read), {state['train_seconds'] / 60:.1f} minutes of training on {_training_device(cfg, state)}
@@ -2946,8 +3018,11 @@ def add_ship_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--tau", action="append", help="METHOD=tau.json (repeat: one per compared drafter)")
     p.add_argument("--set", action="append", help="inference default in the shipped config, KEY=JSON_VALUE "
                    f"(repeatable; KEY one of {', '.join(INFERENCE_SETTINGS)})")
-    p.add_argument("--limit", type=int, default=10)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--limit", type=int, default=10,
+                   help="prompts per set of --tau files that do not record it (written before tau recorded its "
+                   "settings); a file that records it is described by its own")
+    p.add_argument("--max-new-tokens", type=int, default=128,
+                   help="new tokens per prompt of --tau files that do not record it (as --limit)")
     p.add_argument("--limitations", default=None,
                    help="the model card's limitations (default: stated from the run's device, training vocabulary and "
                    "the --tau files' exactness counts)")

@@ -194,6 +194,12 @@ def _is_integer(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+# What generate() hands a custom_generate callable for a text-only target, all handled here (flags with no effect on
+# the ids returned, and inputs checked below); any other model input would be dropped, so it is refused.
+TREE_MODEL_INPUTS = frozenset({"attention_mask", "cache", "position_ids", "use_cache", "logits_to_keep",
+                               "output_attentions", "output_hidden_states", "inputs_embeds"})
+
+
 def tree_decoding(
     model,
     input_ids: torch.LongTensor,
@@ -252,6 +258,10 @@ def tree_decoding(
     if input_ids.shape[0] != 1:
         raise ValueError(f"tree_decoding supports batch size 1; got {input_ids.shape[0]}. Call generate once per prompt.")
     check_prompt_inputs(input_ids, model_kwargs)
+    unknown = sorted(k for k, v in model_kwargs.items() if v is not None and k not in TREE_MODEL_INPUTS)
+    if unknown:  # e.g. a vision-language target's pixel_values: the tree runs the target on token ids alone
+        raise ValueError(f"tree_decoding runs the target on token ids only and would drop these inputs: "
+                         f"{', '.join(unknown)}. Use generate(..., assistant_model=drafter) (chains) for them.")
     if model_kwargs.get("inputs_embeds") is not None:
         raise ValueError("tree_decoding runs the target on the prompt's token ids; inputs_embeds is not supported.")
     if generation_config.return_dict_in_generate:
@@ -304,8 +314,10 @@ def _tree_loop(model, input_ids, logits_processor, stopping_criteria, generation
         streamer.put(next_token.cpu())
     generator._keep_features(input_ids, outputs)  # the prompt's features
 
-    # Stopping criteria get what plain `generate` gives them without output_scores: the ids, and None for scores.
-    while not bool(stopping_criteria(input_ids, None).all()):
+    # Stopping criteria get what plain `generate` gives them without output_scores: the ids, and None for scores, once
+    # per committed token (a criterion that fired inside a round is not asked again: one may fire only once).
+    stopped = False
+    while not stopped and not bool(stopping_criteria(input_ids, None).all()):
         length = input_ids.shape[1]
         room = max_length - length - 1
         depth = min(generator.num_assistant_tokens, room)
@@ -346,7 +358,7 @@ def _tree_loop(model, input_ids, logits_processor, stopping_criteria, generation
         # string, ...): plain `generate` checks them after every token.
         new = new[: max_length - length]
         stop = first_stop(stopping_criteria, input_ids, new[:-1])
-        new = new if stop is None else new[: stop + 1]  # (the last token is checked at the top of the loop)
+        new, stopped = (new, False) if stop is None else (new[: stop + 1], True)  # else the loop's test checks the last
         rows = rows[: len(new)]  # the anchor and the committed drafts; the last committed token is the next anchor
         keep_cache_rows(cache, length - 1, rows)
         input_ids = torch.cat([input_ids, torch.tensor([new], dtype=input_ids.dtype, device=input_ids.device)], dim=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, StoppingCriteria
 
 import hf_xpress  # noqa: F401  (registers the Auto classes and the generate() hook)
 from hf_xpress import XPressDrafterModel
@@ -66,6 +66,28 @@ def assert_drafter_context_is(generator, target, tokens: torch.Tensor) -> None:
     fresh.crop(-drafter.config.block_size)
     for mine, theirs in zip(generator.cache.layers, fresh.layers):
         torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-4)
+
+
+class FiresOnce(StoppingCriteria):
+    """A user's criterion that keeps state: fires the first time the last token is `token`, never again."""
+
+    def __init__(self, token: int):
+        self.token, self.fired = token, False
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        hit = not self.fired and int(input_ids[0, -1]) == self.token
+        self.fired = self.fired or hit
+        return torch.tensor([hit])
+
+
+def plain_fired_once(target, ids: torch.LongTensor, new: list[int], token: int) -> torch.LongTensor:
+    """Plain greedy `generate` (60 new tokens at most) with `FiresOnce(token)`: it stops at the first `token` of the
+    continuation `new` (checked), where a speculative run with its own `FiresOnce(token)` must stop too."""
+    from transformers import StoppingCriteriaList
+
+    plain = target.generate(ids, max_new_tokens=60, do_sample=False, stopping_criteria=StoppingCriteriaList([FiresOnce(token)]))
+    assert plain.shape[1] == ids.shape[1] + new.index(token) + 1
+    return plain
 
 
 class RecordingStreamer:

@@ -15,7 +15,7 @@ from hf_xpress import XPressDrafterModel, generation
 from hf_xpress.generation import XPressCandidateGenerator
 from hf_xpress.modeling_xpress import DraftProposal, _full_vocabulary
 
-from conftest import assert_drafter_context_is, tiny_drafter, tiny_target
+from conftest import FiresOnce, assert_drafter_context_is, plain_fired_once, tiny_drafter, tiny_target
 
 REFINERS = [None, "markov", "xpress"]
 
@@ -346,6 +346,48 @@ def test_custom_stopping_criteria_stop_where_plain_generate_stops(target, monkey
     monkeypatch.setattr(generation, "draft_stopping_criteria", lambda *args, **kwargs: None)  # the cut undone
     ran_on = sum(run(token, assistant_model=drafter).shape[1] > outputs[token].shape[1] for token in tokens)
     assert ran_on >= 2, ran_on
+
+
+def test_drafts_the_target_rejects_do_not_advance_a_users_stateful_criterion(target, monkeypatch):
+    """Drafts are checked against a user's criteria before the target scores them. A criterion that keeps state (here:
+    fires once) was advanced by those checks, so when the target then produced the token it no longer fired and
+    generation ran on past where plain generate stops. Drafts are now checked on a shallow copy of it."""
+    drafter = tiny_drafter(target, "xpress")
+    ids = torch.randint(0, 126, (1, 9))
+    long_run = target.generate(ids, max_new_tokens=60, do_sample=False)[0]
+    new = long_run[ids.shape[1]:].tolist()
+    _plant_continuation(monkeypatch, long_run)
+    checked = 0
+    for i in (6, 13, 22, 35, 47):
+        token = new[i]
+        plain = plain_fired_once(target, ids, new, token)
+        ours = target.generate(ids, assistant_model=drafter, max_new_tokens=60, do_sample=False,
+                               stopping_criteria=StoppingCriteriaList([FiresOnce(token)]))
+        assert torch.equal(ours, plain), token
+        checked += 1
+    assert checked == 5 and max(drafter.stats.accepted) >= 5
+
+
+def test_draft_settings_given_to_generate_are_named_as_ignored(target, caplog):
+    """transformers reads num_assistant_tokens / its schedule / the confidence threshold from a classic assistant's
+    generation_config; an xPress drafter reads its own config. Given to generate() they changed nothing, silently."""
+    from transformers.utils import logging as hf_logging
+
+    drafter = tiny_drafter(target, "xpress")
+    ids = torch.randint(0, 126, (1, 6))
+    hf_logging.warning_once.cache_clear()  # a warning given once per process: also under the other target
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level("WARNING"):
+            target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)
+        assert "does not read" not in caplog.text
+        with caplog.at_level("WARNING"):
+            target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False, num_assistant_tokens=3,
+                            assistant_confidence_threshold=0.9)
+    finally:
+        hf_logging.disable_propagation()
+    assert "num_assistant_tokens=3, assistant_confidence_threshold=0.9, which an xPress drafter does not read" in caplog.text
+    assert "drafter.config.num_assistant_tokens" in caplog.text
 
 
 def test_inference_settings_changed_after_loading_are_checked_at_generate(target):

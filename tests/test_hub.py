@@ -483,8 +483,52 @@ def test_push_command_writes_a_local_folder_with_the_training_text(published, tm
                  "--results", str(bad_results)]) == 2
     assert "expected a JSON object of {set: {method: tau}} numbers" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
+    bad_results.write_text("{not json")  # json's own message named neither the flag nor the file
+    assert main(["push", str(published["folder"]), str(tmp_path / "r"), "--target", "t", "--local",
+                 "--results", str(bad_results)]) == 2
+    assert f"--results {bad_results}: not a readable JSON file" in capsys.readouterr().err
     assert main(["push", str(published["folder"]), str(tmp_path / "short0"), "--target", "t", "--local"]) == 2
     assert "short0 exists and is not empty" in capsys.readouterr().err  # an earlier publish is never mixed into
+    assert main(["push", str(published["folder"]), str(bad_results), "--target", "t", "--local"]) == 2  # was a traceback
+    assert "results.json exists and is not a folder" in capsys.readouterr().err
     assert main(["push", str(published["folder"]), str(tmp_path / "bad-id"), "--target", "t", "--local",
                  "--repo-id", "org/team/name"]) == 2
     assert "'org/team/name' is not a Hub repo id" in capsys.readouterr().err
+
+
+def test_concurrent_recipe_calls_on_one_target_keep_their_own_settings(published):
+    """The recipe routes the target's candidate generator through an instance attribute while it runs. Each call used
+    to set its own and remove it when done, so a call that ended while another was still running on the same target
+    removed the other's (whose rounds then ran with the drafter's own settings, here 3 passes instead of 0)."""
+    import copy
+    import threading
+
+    target, folder = published["target"], str(published["folder"])
+    first, second = published["drafter"], copy.deepcopy(published["drafter"])
+    started, release, result = threading.Event(), threading.Event(), {}
+
+    class Gate:  # the first call's streamer: holds that call inside generate until the second call has ended
+        def put(self, value):
+            started.set()
+            assert release.wait(timeout=120)
+
+        def end(self):
+            pass
+
+    def call_first():
+        result["first"] = target.generate(torch.tensor([PROMPTS[0]]), assistant_model=first, custom_generate=folder,
+                                          trust_remote_code=True, jacobi_passes=0, max_new_tokens=MAX_NEW,
+                                          do_sample=False, streamer=Gate())
+
+    thread = threading.Thread(target=call_first)
+    thread.start()
+    assert started.wait(timeout=120)
+    second_out = target.generate(torch.tensor([PROMPTS[1]]), assistant_model=second, custom_generate=folder,
+                                 trust_remote_code=True, max_new_tokens=MAX_NEW, do_sample=False)
+    release.set()
+    thread.join(timeout=300)
+    plain = [target.generate(torch.tensor([p]), max_new_tokens=MAX_NEW, do_sample=False) for p in PROMPTS]
+    assert torch.equal(result["first"], plain[0]) and torch.equal(second_out, plain[1])
+    assert first.stats.rounds > 0 and set(first.stats.passes) == {0}  # the first call's own jacobi_passes
+    assert set(second.stats.passes) - {0}  # the second call's: the drafter's (3)
+    assert "_get_candidate_generator" not in vars(target)  # nothing left on the model

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -417,13 +418,34 @@ def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
     stopped = T.Trainer(_cfg(data, tmp_path / "resumed", stop_after_steps=3), target=target)
     state = stopped.run()
     assert state["step"] == 3 and (tmp_path / "resumed" / "checkpoint" / "trainer_state.json").exists()
+    log = tmp_path / "resumed" / "log.jsonl"  # what a process killed after its last checkpoint had also logged:
+    log.write_text(log.read_text() + '{"step": 5, "loss": 1.0}\n{"eval": {"step": 6}}\n{"step": 6, "lo')  # a cut row
     resumed = T.Trainer(_cfg(data, tmp_path / "resumed"), target=target)  # a fresh process after the kill
     resumed.run()
     assert resumed.state["step"] == 6 and resumed.state["tokens"] == full.state["tokens"]
+    steps = lambda folder: [(row.get("eval") or row)["step"] for row in map(json.loads, (folder / "log.jsonl").open())]
+    assert steps(tmp_path / "resumed") == steps(tmp_path / "full") == [0, 1, 3, 6]  # each row once, in order
     for (name, a), (_, b) in zip(full.drafter.named_parameters(), resumed.drafter.named_parameters()):
         torch.testing.assert_close(a, b, msg=name)
     loaded = XPressDrafterModel.from_pretrained(tmp_path / "resumed" / "final")
     assert loaded.dtype == torch.bfloat16 and loaded.config.refiner == "xpress"
+
+
+def test_a_damaged_checkpoint_is_named_instead_of_failing_deep_inside_loading(tmp_path):
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target)
+    T.Trainer(_cfg(data, tmp_path / "run", stop_after_steps=3), target=target).run()
+    checkpoint = tmp_path / "run" / "checkpoint"
+    for name in ("model.safetensors", "optimizer.bin", "trainer_state.json"):
+        damaged = tmp_path / f"damaged-{name}"
+        shutil.copytree(tmp_path / "run", damaged)
+        part = damaged / "checkpoint" / name
+        part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])
+        with pytest.raises(ValueError, match=f"checkpoint .*damaged-{re.escape(name)}/checkpoint.* is damaged and cannot "
+                                             "be resumed .*Move that folder aside"):
+            T.Trainer(_cfg(data, damaged), target=target).run()
+    assert checkpoint.exists()
 
 
 def test_a_save_killed_at_any_point_still_resumes(tmp_path):
@@ -679,8 +701,14 @@ def test_init_drafter_flags_it_would_ignore_and_a_drafter_for_another_target_are
         T.Trainer(_cfg(data, tmp_path / "run", init_drafter=str(other)), target=target)
     with pytest.raises(ValueError, match="--init-drafter .*missing: not a saved drafter folder or Hub id"):
         T.Trainer(_cfg(data, tmp_path / "run", init_drafter=str(tmp_path / "missing")), target=target)
-    with pytest.raises(ValueError, match="Could not load the target .*/no-such-target"):
+    with pytest.raises(ValueError, match="The target .*/no-such-target' does not exist"):
         T.Trainer(_cfg(data, tmp_path / "run", target=str(tmp_path / "no-such-target")))
+    damaged = tmp_path / "damaged-target"  # a truncated weight file: safetensors' own error, deep inside loading
+    target.save_pretrained(damaged)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ValueError, match="Could not load the target .*damaged-target': its files are damaged .*Safetensor"):
+        T.Trainer(_cfg(data, tmp_path / "run", target=str(damaged)))
 
 
 def test_settings_that_cannot_train_and_data_for_another_target_are_refused(tmp_path):
@@ -699,9 +727,20 @@ def test_settings_that_cannot_train_and_data_for_another_target_are_refused(tmp_
                            (dict(train_vocab=-1), "train_vocab must be >= 0")):
         with pytest.raises(ValueError, match=error):
             T.Trainer(_cfg(data, tmp_path / "run", **setting), target=target)
+    for name, value, error in (("warmup", 1.5, "warmup must be a fraction of max_steps in"),
+                               ("warmup", -0.1, "warmup must be a fraction"),
+                               ("threads", -3, "threads must be at least 1, got -3"),
+                               ("max_seconds", -5.0, "max_seconds must be a positive number of seconds"),
+                               ("stop_after_steps", 0, "stop_after_steps must be at least 1, got 0"),
+                               ("lora_rank", 0, "lora_rank must be at least 1, got 0")):
+        with pytest.raises(ValueError, match=error):  # ran (warm-up never ended, one step "stopped") or failed deep
+            T.check_train_numbers(_cfg(data, tmp_path / "run", **{name: value}))
     small = LlamaForCausalLM(LlamaConfig(**{**target.config.to_dict(), "vocab_size": V // 2})).eval()
     with pytest.raises(ValueError, match="outside the target's vocabulary .* built for another target"):
         T.Trainer(_cfg(data, tmp_path / "run"), target=small)
+    wide = LlamaForCausalLM(LlamaConfig(**{**target.config.to_dict(), "vocab_size": 2 * V})).eval()  # ids all fit
+    with pytest.raises(ValueError, match=f"labelled by a target with a {V}-token vocabulary .* has {2 * V} tokens"):
+        T.Trainer(_cfg(data, tmp_path / "run"), target=wide)
 
     short = tmp_path / "short"
     make_dataset(short, target, num_seqs=12)
@@ -759,6 +798,9 @@ def test_max_sequences_trains_on_a_prefix_that_a_partial_cache_covers(tmp_path, 
     assert prefix.run()["step"] == 2
     with pytest.raises(ValueError, match="max_sequences must be a positive number"):
         T.Trainer(_cfg(data, tmp_path / "zero", max_sequences=0), target=target)
+    # another model of the same sizes: its features were used as this target's, silently
+    with pytest.raises(ValueError, match="feature cache .*cache holds another target's features"):
+        T.Trainer(_cfg(data, tmp_path / "other", max_sequences=4, **kw), target=tiny_llama(seed=1))
     parser = argparse.ArgumentParser()
     T._train_arguments(parser)
     assert parser.parse_args(["--max-sequences", "4"]).max_sequences == 4
@@ -1056,6 +1098,7 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
     assert "Extended with `more` (more; seed 1)" in card
     assert "blocks (losses on slots 1..2 of each)," in card
     assert "AdamW lr 0.003, weight decay 0.01, cosine" in card  # no refiner regulariser set: none named
+    assert "Losses over the whole vocabulary." in card and "most frequent" not in card  # no --train-vocab
     assert "(HuggingFaceTB/SmolLM2-135M-Instruct, frozen, float32). Mask token id 127." in card  # 127 is not <empty_output>
     bad = argparse.Namespace(**{**vars(args), "set": ["block_size=8"]})
     with pytest.raises(ValueError, match="--set takes KEY=VALUE with KEY one of"):
@@ -1355,7 +1398,9 @@ def test_tau_command_checks_its_arguments_before_loading_anything(tmp_path, monk
     out = ["--drafter", "d", "--out", str(tmp_path / "tau.json")]
     for flags, message in ((["--limit", "0"], "--limit must be at least 1"), (["--skip", "-3"], "--skip must be at "
                            "least 0"), (["--threads", "-1"], "--threads must be at least 0"),
-                           (["--lookup", "-2"], "--lookup must be at least 0")):
+                           (["--lookup", "-2"], "--lookup must be at least 0"),
+                           (["--tree", "0"], "--tree must be at least 1"),  # ran chains
+                           (["--tree", "2", "--tree-budget", "-1"], "--tree-budget must be at least 1")):
         with pytest.raises(ValueError, match=message):
             T.tau_main(parser.parse_args(["tau", *out, *flags]))
     with pytest.raises(ValueError, match="is a folder; give the json file to write"):

@@ -10,15 +10,16 @@ import random
 import pytest
 import numpy as np
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.cache_utils import DynamicCache
+from transformers.generation.stopping_criteria import MaxLengthCriteria
 
 import hf_xpress
 from hf_xpress import XPressDrafterModel, tree_decoding
 from hf_xpress.generation import XPressCandidateGenerator
 from hf_xpress.tree_decoding import _walk, add_branch, chain_parents, keep_cache_rows, node_depths, tree_attention_mask
 
-from conftest import RecordingStreamer, assert_drafter_context_is, tiny_drafter, tiny_target
+from conftest import FiresOnce, RecordingStreamer, assert_drafter_context_is, plain_fired_once, tiny_drafter, tiny_target
 from test_generation import V, _bound, _chi2, _exact_joint, _peaky_pair
 
 REFINERS = [None, "markov", "xpress"]
@@ -268,6 +269,42 @@ def test_stopping_criteria_are_called_as_plain_generate_calls_them(target, oracl
     ours = _tree_generate(target, ids, drafter, 3, stopping_criteria=StoppingCriteriaList([tree_calls]), **settings)
     assert torch.equal(ours, plain) and max(drafter.stats.accepted) > 1  # rounds that commit several tokens
     assert tree_calls.calls == plain_calls.calls and len(plain_calls.calls) == 30
+
+
+def test_a_criterion_that_fires_inside_a_round_is_not_asked_again(target, oracle, monkeypatch):
+    """A criterion that fired on a token inside a round was called once more on the same sequence by the loop's test;
+    one that fires only once then said no, and generation ran on past where plain generate stops."""
+    module = importlib.import_module("hf_xpress.tree_decoding")
+    fired_inside = []
+    first_stop = module.first_stop
+    monkeypatch.setattr(module, "first_stop", lambda *a: fired_inside.append(first_stop(*a)) or fired_inside[-1])
+    drafter = tiny_drafter(target, "xpress", num_assistant_tokens=5)
+    ids = torch.randint(0, 126, (1, 9))
+    long_run = target.generate(ids, max_new_tokens=60, do_sample=False)
+    oracle["continuation"] = long_run[0]
+    new = long_run[0, ids.shape[1]:].tolist()
+    inside = 0
+    for i in (7, 15, 24, 33, 41):
+        token = new[i]
+        plain = plain_fired_once(target, ids, new, token)
+        ours = _tree_generate(target, ids, drafter, 3, max_new_tokens=60,
+                              stopping_criteria=StoppingCriteriaList([FiresOnce(token)]))
+        assert torch.equal(ours, plain), token
+        inside += fired_inside[-1] is not None  # the criterion fired before the round's last token
+    assert inside >= 2, inside
+
+
+def test_model_inputs_the_tree_would_drop_are_refused(target):
+    """tree_decoding runs the target on token ids alone: another model input (a vision-language target's
+    pixel_values, say) was dropped silently."""
+    drafter = tiny_drafter(target, "xpress")
+    ids = torch.randint(0, 126, (1, 6))
+    # generate() refuses inputs a text-only target's forward does not take; a vision-language target's it passes on
+    config = GenerationConfig(max_length=10, do_sample=False, num_beams=1, num_return_sequences=1)
+    with pytest.raises(ValueError, match="would drop these inputs: image_grid_thw, pixel_values"):
+        tree_decoding(target, ids, LogitsProcessorList(), StoppingCriteriaList([MaxLengthCriteria(10)]), config, drafter=drafter,
+                      tree_width=2, pixel_values=torch.zeros(1, 3, 4, 4), image_grid_thw=torch.ones(1, 3),
+                      attention_mask=torch.ones_like(ids), rope_deltas=None)
 
 
 @pytest.mark.parametrize("refiner", REFINERS)

@@ -18,6 +18,7 @@ Hub remote code without the `hf_xpress` package.
 
 from __future__ import annotations
 
+import logging as std_logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +45,16 @@ from transformers.utils import logging
 from .configuration_xpress import XPressDrafterConfig
 
 logger = logging.get_logger(__name__)
+
+
+class _DropLoadReport(std_logging.Filter):
+    """Drops transformers' weight-loading table: `XPressDrafterModel.from_pretrained` names what is wrong itself."""
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in record.getMessage()
+
+
+_DROP_LOAD_REPORT = _DropLoadReport()
 
 MIN_TRANSFORMERS = "5.24"  # model outputs and generate's model kwargs name the KV cache `cache` from 5.24 on
 
@@ -804,12 +815,18 @@ class XPressDrafterModel(XPressPreTrainedModel):
                     "checkpoints, use `hf_xpress.conversion` (`hf-xpress convert`)."
                 )
         want_info = kwargs.pop("output_loading_info", False)
+        # transformers' table of missing / unexpected / mismatched weights ("newly initialized: consider training")
+        # would come just before the refusal below, which names them
+        report_logger = std_logging.getLogger("transformers.modeling_utils")
+        report_logger.addFilter(_DROP_LOAD_REPORT)
         try:
             # mismatched shapes are loaded as "mismatched" (not raised by transformers without naming them), refused below
             kwargs["ignore_mismatched_sizes"] = True
             model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
         except Exception as err:  # safetensors, torch and transformers raise unrelated exception types
             raise ValueError(f"Could not load xPress drafter weights from {pretrained_model_name_or_path}: {err}") from err
+        finally:
+            report_logger.removeFilter(_DROP_LOAD_REPORT)
         missing = [k for k in info.get("missing_keys", []) if not k.endswith("mix.tril")]
         unexpected = [k for k in info.get("unexpected_keys", []) if not k.endswith("mix.tril")]
         mismatched = info.get("mismatched_keys", [])

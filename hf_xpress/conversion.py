@@ -776,8 +776,10 @@ class VLLMExport:
     architecture: str
 
     def serve_command(self, target: str = "<target model>", **kwargs) -> str:
+        """`vllm_serve_command` for this export, its folder as an absolute path (vLLM reads a relative one that does
+        not exist where it runs as a Hub id)."""
         return vllm_serve_command(
-            target, self.path, method=self.method, num_speculative_tokens=self.num_speculative_tokens, **kwargs
+            target, self.path.resolve(), method=self.method, num_speculative_tokens=self.num_speculative_tokens, **kwargs
         )
 
 
@@ -876,9 +878,13 @@ def vllm_serve_command(
     *,
     method: str = "dflash",
     num_speculative_tokens: int = 15,
-    extra_args: str = "--attention-backend flash_attn --max-num-batched-tokens 32768",
+    extra_args: str | None = None,
 ) -> str:
-    """The `vllm serve` command line for an exported drafter (z-lab's documented flags for dFlash)."""
+    """The `vllm serve` command line for an exported drafter. `extra_args` None: the flags z-lab documents for
+    dFlash (`--attention-backend flash_attn --max-num-batched-tokens 32768`) for "dflash" and "xpress", none for
+    "dspark" (docs/interop.md)."""
+    if extra_args is None:
+        extra_args = "" if method == "dspark" else "--attention-backend flash_attn --max-num-batched-tokens 32768"
     spec = json.dumps({"method": method, "model": str(drafter_path), "num_speculative_tokens": int(num_speculative_tokens)})
     command = f"vllm serve {target} \\\n  --speculative-config '{spec}'"
     return command + (f" \\\n  {extra_args}" if extra_args else "")

@@ -336,7 +336,9 @@ def add_push_parser(subparsers) -> None:
     parser.add_argument("source", help="drafter folder (any format `hf-xpress convert` reads)")
     parser.add_argument("destination", help="Hub repo id (user/name) or a local folder")
     parser.add_argument("--target", required=True, help="target model id, for the model card")
-    parser.add_argument("--repo-id", help="repo id named in the card and custom_generate/ (default: destination)")
+    parser.add_argument("--repo-id", help="the Hub repo id the card and custom_generate/ name (default: the destination "
+                        "when it is a repo id; with --local the card uses the folder's name and the recipe names no "
+                        "drafter, so pass xpress_drafter= or assistant_model= to it)")
     parser.add_argument("--refiner", help="official refiner .pt to attach before publishing")
     parser.add_argument("--base", help="drafter folder the refiner .pt belongs to, when SOURCE is a .pt")
     parser.add_argument("--target-config", help="target config folder / id when the checkpoint lacks vocabulary or depth")

@@ -929,6 +929,9 @@ def label_dataset(target: Any, folder: Path, *, layer_ids: list[int] | None, cac
         if end <= done:
             continue
         for batch in batches:
+            batch = [i for i in batch if i >= done]  # a chunk that an extension filled only partly: its new sequences
+            if not batch:
+                continue
             lengths = [int(ds.offsets[i + 1] - ds.offsets[i]) for i in batch]
             width = max(lengths)
             ids = torch.zeros(len(batch), width, dtype=torch.long)
@@ -2541,17 +2544,20 @@ def tau_main(args: argparse.Namespace) -> int:
                              "pass another --reference file")
     target, tokenizer = load_target(args.target, dtype=torch.float32)
     sets = args.sets.split(",")
+    drafter = None
+    if args.drafter is not None:  # before the greedy reference (minutes): a drafter for another target fails fast
+        try:
+            drafter = XPressDrafterModel.from_pretrained(args.drafter, dtype=torch.float32).eval()
+        except OSError as err:  # a missing folder reads as a malformed Hub id
+            raise ValueError(f"--drafter {args.drafter}: not a saved drafter folder or Hub id ({err})") from err
+        check_compatible(target.config, drafter.config)
     if args.reference and reference is None:
         reference = greedy_reference(target, tokenizer, sets, args.limit, args.max_new_tokens, args.skip)
         reference["_settings"] = settings
         Path(args.reference).parent.mkdir(parents=True, exist_ok=True)
         _write_atomic(Path(args.reference), json.dumps(reference))
-    if args.drafter is None:
+    if drafter is None:
         return 0
-    try:
-        drafter = XPressDrafterModel.from_pretrained(args.drafter, dtype=torch.float32).eval()
-    except OSError as err:  # a missing folder reads as a malformed Hub id
-        raise ValueError(f"--drafter {args.drafter}: not a saved drafter folder or Hub id ({err})") from err
     passes = [] if args.passes is None else [f"jacobi_passes={args.passes}"]
     apply_inference_settings(drafter.config, passes + (args.set or []))
     c = drafter.config  # every inference setting the figures depend on, as they are before generation (a heuristic

@@ -636,7 +636,8 @@ def test_vllm_export_layout_and_round_trip(tmp_path, target, converted, refiner,
     command = result.serve_command("Qwen/Qwen3-8B")
     assert command.startswith("vllm serve Qwen/Qwen3-8B")
     spec = json.loads(command.split("--speculative-config '")[1].split("'")[0])
-    assert spec == {"method": result.method, "model": "vllm", "num_speculative_tokens": B - 1}
+    assert spec == {"method": result.method, "model": str(tmp_path.resolve() / "vllm"), "num_speculative_tokens": B - 1}
+    assert ("--attention-backend flash_attn" in command) == (result.method != "dspark")  # as docs/interop.md shows
 
 
 def test_vllm_export_drops_the_draft_vocabulary_with_a_warning(tmp_path, converted, caplog):

@@ -806,6 +806,20 @@ def test_max_sequences_trains_on_a_prefix_that_a_partial_cache_covers(tmp_path, 
     assert parser.parse_args(["--max-sequences", "4"]).max_sequences == 4
 
 
+def test_labelling_an_extension_runs_the_target_on_the_new_sequences_only(tmp_path, monkeypatch):
+    """The labelling pass resumes chunk by chunk; the chunk that an extension fills only partly was run again over
+    its already labelled sequences (their labels kept, the forward wasted)."""
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target, num_seqs=8)
+    T.extend_sequences(data, [("n1", [7, 8, 9] * 10, 3), ("n2", [11, 12] * 9, 2)], {"sources": "more"})
+    rows = []
+    features = T.target_features
+    monkeypatch.setattr(T, "target_features", lambda t, ids, layers: rows.append(ids.shape[0]) or features(t, ids, layers))
+    ds = T.label_dataset(target, data, layer_ids=None, cache_dir=None, chunk=3, max_batch_tokens=256)  # chunk 6..8 mixed
+    assert ds.num_labelled == 10 and sum(rows) == 2, rows
+
+
 def test_extend_appends_unlabelled_sequences_and_a_rebuilt_cache_keeps_the_labels(tmp_path):
     """`hf-xpress data --extend`: new ids appended (known ids skipped), the labelled prefix and its order kept; the
     labelling pass then labels only the new ones, while the feature cache (local, rebuilt on a new machine and grown
@@ -1438,6 +1452,12 @@ def test_tau_records_the_settings_it_ran_with_and_the_weights_it_measured(tmp_pa
     with pytest.raises(ValueError, match="fake: no prompts after the first 2"):
         T.tau_main(parser.parse_args([*base, "--skip", "2", "--out", str(tmp_path / "none.json")]))
     assert not (tmp_path / "none.json").exists()
+    # a drafter for another target is refused before the greedy reference is computed and written
+    wide = LlamaForCausalLM(LlamaConfig(**{**target.config.to_dict(), "vocab_size": 2 * V})).eval()
+    monkeypatch.setattr(assets, "load_target", lambda *a, **k: (wide, None))
+    with pytest.raises(ValueError, match="built for another target"):
+        T.tau_main(parser.parse_args([*base, "--reference", str(tmp_path / "ref.json"), "--out", str(tmp_path / "x.json")]))
+    assert not (tmp_path / "ref.json").exists()
 
 
 def test_measure_tau_is_lossless_and_pools_rounds(monkeypatch):

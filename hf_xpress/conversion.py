@@ -986,6 +986,11 @@ def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target", help="target model config (folder or Hub id): vocabulary and depth when the checkpoint lacks them"
     )
+    add_reading_options(parser)
+
+
+def add_reading_options(parser: argparse.ArgumentParser) -> None:
+    """`load_checkpoint`'s options for how a checkpoint is read (`convert`, `export`, `push`; `reading_options`)."""
     parser.add_argument("--passes", type=int, help="Jacobi passes K to record (default: keep, or 6)")
     parser.add_argument("--dtype", default=None, choices=[*DTYPES, "auto"], metavar="DTYPE",
                         help="float32, bfloat16 or float16 (default: as stored)")
@@ -996,17 +1001,14 @@ def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-strict", action="store_true", help="ignore unknown refiner tensors instead of refusing")
 
 
+def reading_options(args) -> dict:
+    """`load_checkpoint` keyword arguments from `add_reading_options`' flags."""
+    return dict(dtype=args.dtype, jacobi_passes=args.passes, use_cotrained_drafter=not args.base_drafter_weights,
+                strict=not args.no_strict)
+
+
 def _load_from_args(args) -> XPressDrafterModel:
-    return load_checkpoint(
-        args.source,
-        refiner=args.refiner,
-        base=args.base,
-        target=args.target,
-        dtype=args.dtype,
-        jacobi_passes=args.passes,
-        use_cotrained_drafter=not args.base_drafter_weights,
-        strict=not args.no_strict,
-    )
+    return load_checkpoint(args.source, refiner=args.refiner, base=args.base, target=args.target, **reading_options(args))
 
 
 def _check_output_folder(path) -> None:

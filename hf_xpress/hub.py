@@ -304,9 +304,10 @@ TEXT_SUFFIXES = (".md", ".markdown", ".txt", ".rst")  # a --training value endin
 
 
 def _run_push(args) -> int:
-    from .conversion import load_checkpoint
+    from .conversion import load_checkpoint, reading_options
 
-    drafter = load_checkpoint(args.source, refiner=args.refiner, base=args.base, target=args.target_config)
+    drafter = load_checkpoint(args.source, refiner=args.refiner, base=args.base, target=args.target_config,
+                              **reading_options(args))
     try:
         results = json.loads(Path(args.results).read_text()) if args.results else None
     except (OSError, ValueError) as err:
@@ -332,6 +333,8 @@ def _run_push(args) -> int:
 
 
 def add_push_parser(subparsers) -> None:
+    from .conversion import add_reading_options
+
     parser = subparsers.add_parser("push", help="publish a drafter to the Hub (or write the folder that would be uploaded)")
     parser.add_argument("source", help="drafter folder (any format `hf-xpress convert` reads)")
     parser.add_argument("destination", help="Hub repo id (user/name) or a local folder")
@@ -342,6 +345,7 @@ def add_push_parser(subparsers) -> None:
     parser.add_argument("--refiner", help="official refiner .pt to attach before publishing")
     parser.add_argument("--base", help="drafter folder the refiner .pt belongs to, when SOURCE is a .pt")
     parser.add_argument("--target-config", help="target config folder / id when the checkpoint lacks vocabulary or depth")
+    add_reading_options(parser)  # as `hf-xpress convert`: any checkpoint it reads publishes in one step
     parser.add_argument("--training", help="training description (text, or a file holding it)")
     parser.add_argument("--results", help="JSON file {set: {method: tau}} for the card's table")
     parser.add_argument("--private", action="store_true")

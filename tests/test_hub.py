@@ -472,6 +472,11 @@ def test_push_command_writes_a_local_folder_with_the_training_text(published, tm
     assert main(["push", str(published["folder"]), str(tmp_path / "text"), "--target", "t", "--local",
                  "--training", "Two hours on a laptop."]) == 0
     assert "Two hours on a laptop." in (tmp_path / "text" / "README.md").read_text()
+    # convert's reading options (push had none: a checkpoint needing them could not be pushed in one step)
+    assert main(["push", str(published["folder"]), str(tmp_path / "read"), "--target", "t", "--local", "--passes", "1",
+                 "--dtype", "bfloat16"]) == 0
+    pushed = XPressDrafterModel.from_pretrained(tmp_path / "read")
+    assert pushed.config.jacobi_passes == 1 and pushed.dtype == torch.bfloat16
     for i, short in enumerate(("N/A", "v1.0")):  # one-word descriptions are text, not missing files
         assert main(["push", str(published["folder"]), str(tmp_path / f"short{i}"), "--target", "t", "--local",
                      "--training", short]) == 0

@@ -275,7 +275,9 @@ def build_methods(
                     )
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
-        raise ValueError(f"duplicate method names: {names}")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"duplicate method names: {twice} (the same drafter folder given twice, or two folders of "
+                         "the same name)")
     return methods
 
 
@@ -354,8 +356,10 @@ def _instrumented(target):
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _generate_kwargs(target, max_new_tokens: int, temperature: float) -> dict:
-    kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+def _generate_kwargs(target, input_ids: torch.LongTensor, max_new_tokens: int, temperature: float) -> dict:
+    """`generate` arguments for one unpadded prompt `input_ids` `[1, n]`: its attention mask is all ones (without one,
+    transformers masks every prompt token equal to the pad id, which is set below when the target has none)."""
+    kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "attention_mask": torch.ones_like(input_ids)}
     gen_cfg = getattr(target, "generation_config", None)
     if getattr(gen_cfg, "pad_token_id", None) is None:
         eos = getattr(gen_cfg, "eos_token_id", None)
@@ -406,7 +410,7 @@ def run_once(
     recorder: _Recorder,
 ) -> dict:
     """Generate once with `method`; return new tokens, wall time, target forwards, rounds and drafter stats."""
-    kwargs = _generate_kwargs(target, max_new_tokens, temperature) | method.generate_kwargs
+    kwargs = _generate_kwargs(target, input_ids, max_new_tokens, temperature) | method.generate_kwargs
     if method.tree is not None:
         from .tree_decoding import tree_decoding
 
@@ -1603,7 +1607,9 @@ def _lookup_list(text: str) -> list[bool | str]:
         raise argparse.ArgumentTypeError(f"--with-lookup takes off, on and branch (got {text!r})") from None
 
 
-def _load_drafter(path: str, dtype: torch.dtype, device):
+def load_drafter(path: str, dtype: torch.dtype, device):
+    """A `--drafter` (folder or Hub id) for `bench` and `demo`: an `XPressDrafterModel` in eval mode on `device`, or a
+    one-line `ValueError` for a missing folder or a model that is not a drafter."""
     from transformers import AutoModel
 
     import hf_xpress  # noqa: F401  (Auto registration and the generate() hook)
@@ -1652,7 +1658,7 @@ def _load_sets(keys: dict[str, str], limit: int | None, target, tokenizer, max_n
 
     def first_answer(messages):
         ids = torch.tensor([apply_chat_template(tokenizer, messages)], device=target.device)
-        out = target.generate(ids, **_generate_kwargs(target, max_new_tokens, 0.0))
+        out = target.generate(ids, **_generate_kwargs(target, ids, max_new_tokens, 0.0))
         return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
     sets = {key: load_prompts(name, limit, first_answer=first_answer if name == "mtbench2" else None)
@@ -1735,7 +1741,7 @@ def main(args: argparse.Namespace) -> int:
         paths = write_outputs(results, out_dir)
         print(results["headline"])
         print(f"wrote {paths['json']}, {paths['report']} and plots (re-summarized from {source})")
-        return 0
+        return 1 if (args.fail_on_mismatch and results["mismatches"]) else 0  # as the run itself would have
 
     # Every setting is checked before any model loads, so a typo fails at once, and before anything runs, so a run
     # is never lost at the end.
@@ -1760,6 +1766,12 @@ def main(args: argparse.Namespace) -> int:
         tree_budgets=_optional_ints(args.tree_budget, flag="--tree-budget"),
         tree_temperatures=_optional_floats(args.tree_temperature),
     )
+    # ran, silently, without what they ask for (demo and tau refuse the same)
+    if any(b is not None for b in options["tree_budgets"]) and not any(w is not None for w in options["trees"]):
+        raise ValueError("--tree-budget needs --tree W (the dynamic tree's expansion width)")
+    if any(t is not None for t in options["tree_temperatures"]) and \
+            not any(b is not None for b in options["tree_budgets"]):
+        raise ValueError("--tree-temperature ranks a dynamic tree's nodes: it needs --tree-budget N (and --tree W)")
     _check_run_numbers(args)
     set_names = set_keys([s.strip() for s in args.sets.split(",") if s.strip()])  # checked before any model loads
     out_dir = Path(args.out)
@@ -1768,7 +1780,7 @@ def main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load_target(args.target, dtype=dtype, device=args.device)
-    drafters = [(_label(p), _load_drafter(p, dtype, target.device)) for p in args.drafter or []]
+    drafters = [(_label(p), load_drafter(p, dtype, target.device)) for p in args.drafter or []]
     for label, drafter in drafters:
         most = drafter.config.block_size - 1
         if any(n is not None and n > most for n in options["drafts"]):
@@ -1845,9 +1857,14 @@ def _check_run_numbers(args: argparse.Namespace) -> None:
         if value < least:
             raise ValueError(f"{flag} must be at least {least}, got {value}")
     try:
-        torch.device(args.device)
+        device = torch.device(args.device)
     except RuntimeError as err:
         raise ValueError(f"--device {args.device!r}: not a torch device ({err})") from None
+    usable = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(),
+              "xpu": hasattr(torch, "xpu") and torch.xpu.is_available()}
+    if not usable.get(device.type, False):  # else a traceback from deep inside the model's .to()
+        raise ValueError(f"--device {args.device!r}: this torch has no usable {device.type} device "
+                         f"(usable: {', '.join(k for k, v in usable.items() if v)})")
 
 
 def _check_out_dir(out_dir: Path) -> None:

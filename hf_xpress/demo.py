@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModel
 
 from .assets import DEFAULT_TARGET, apply_chat_template, load_target
+from .benchmarking import load_drafter
 from .configuration_xpress import DRAFT_SCHEDULES
 
 DEFAULT_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "smollm2-135m-xpress-b16"
@@ -48,7 +48,7 @@ def run_demo(
     model, tokenizer = load_target(target, dtype=torch_dtype)
     if not Path(drafter).exists() and str(drafter) == str(DEFAULT_DRAFTER):
         raise FileNotFoundError(f"The shipped drafter is missing at {drafter}; pass --drafter PATH_OR_HUB_ID.")
-    assistant = AutoModel.from_pretrained(str(drafter), dtype=torch_dtype).eval()
+    assistant = load_drafter(str(drafter), torch_dtype, model.device)  # a missing or foreign folder: one line
     if drafts is not None:
         assistant.config.num_assistant_tokens = int(drafts)
     if schedule is not None:
@@ -185,6 +185,10 @@ def _main(args: argparse.Namespace) -> int:
     outputs may drift at near-ties of the target's logits, so there the demo only reports them."""
     if args.tree_budget and not args.tree:
         raise ValueError("--tree-budget needs --tree W (the dynamic tree's children per node)")
+    for flag, value in (("--tree", args.tree), ("--tree-budget", args.tree_budget), ("--drafts", args.drafts),
+                        ("--lookup", args.lookup), ("--max-new-tokens", args.max_new_tokens)):
+        if value is not None and value < 1:  # 0 turned a feature off silently; negatives failed inside transformers
+            raise ValueError(f"{flag} must be at least 1, got {value} (leave it out for the default)")
     rows = run_demo(args.target, args.drafter, tuple(args.prompt or DEMO_PROMPTS), args.max_new_tokens, args.dtype,
                     args.tree, args.tree_budget, args.drafts, args.lookup, args.schedule)
     return int(args.dtype == "float32" and not all(row["identical"] for row in rows))

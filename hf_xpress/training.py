@@ -1370,8 +1370,13 @@ def refiner_losses(drafter: XPressDrafterModel, hidden: torch.Tensor, base: torc
 def draft_blocks(drafter: XPressDrafterModel, hidden: torch.Tensor, base: torch.Tensor, anchor_prev: torch.LongTensor,
                  passes: int | None = None) -> torch.LongTensor:
     """Inference-time greedy drafts for N blocks at once `[N, B-1]` (full vocabulary): the seed, K Jacobi passes
-    (xPress, no early stop: the same result as with it) or the Markov head's left-to-right decode."""
+    (xPress, no early stop: the same result as with it) or the Markov head's left-to-right decode; with the config's
+    `refiner_shortlist` M, a refiner chooses among each slot's M best base columns only, as `propose` does."""
     refiner = active_module(drafter.refiner)
+    shortlist = drafter.config.refiner_shortlist
+    if shortlist is not None and isinstance(refiner, (XPressRefiner, XPressMarkovHead)):  # -inf outside the shortlist
+        keep = top_candidates(base, min(shortlist, base.shape[-1]))
+        base = torch.full_like(base, float("-inf")).scatter_(-1, keep, base.gather(-1, keep))
     tokens = base.argmax(-1)
     if isinstance(refiner, XPressRefiner):
         hp = refiner.hidden_part(hidden)
@@ -1409,8 +1414,10 @@ def heldout_drafts(drafter: XPressDrafterModel, lm_head: torch.nn.Module, packed
 
 def acceptance_estimate(correct: torch.Tensor, valid: torch.Tensor) -> dict[str, Any]:
     """correct/valid `[N, K]` bool (draft == target argmax). Per-slot accuracy acc_k, `tau_est = 1 + sum_k
-    prod_{j<=k} acc_j`, and `tau_block` = 1 + mean leading run of correct drafts (exact when the sequence is the
-    target's own greedy text). `acc1_se` is slot 1's binomial standard error over its `blocks` valid blocks: the
+    prod_{j<=k} acc_j` (low where slot errors are correlated, as they are: a product of overall accuracies, not of
+    accuracies given the slots before were right), and `tau_block` = 1 + mean leading run of correct drafts over the
+    blocks whose slots are all valid (exact when the sequence is the target's own greedy text; what `best/` is
+    chosen by). `acc1_se` is slot 1's binomial standard error over its `blocks` valid blocks: the
     estimate's own noise (a few hundred held-out blocks give +-0.02)."""
     acc = [(correct[:, k] & valid[:, k]).sum().item() / max(valid[:, k].sum().item(), 1) for k in range(correct.shape[1])]
     n1 = int(valid[:, 0].sum().item())
@@ -1891,7 +1898,7 @@ class Trainer:
         self.drafter = self._build_drafter()
         self.cache = None
         if cfg.feature_cache:
-            width = (len(self.drafter.config.target_layer_ids) + 1) * self.drafter.config.hidden_size
+            width = (len(self.drafter.config.target_layer_ids) + 1) * self.drafter.config.target_hidden_size
             cache = FeatureCache(cfg.feature_cache, int(self.data.offsets[-1]), width, self.drafter.config.target_layer_ids,
                                  data=self.data, target=self.target)
             if cache.num_done >= self.num_sequences:
@@ -1910,8 +1917,11 @@ class Trainer:
         if cfg.loss_slots is not None and not 1 <= cfg.loss_slots <= self.drafter_config.block_size - 1:
             raise ValueError(f"loss_slots must be in 1..{self.drafter_config.block_size - 1} (block_size - 1), "
                              f"got {cfg.loss_slots}")
+        # best/: the evaluation with the highest `best_by` (runs checkpointed before it was recorded: tau_est, kept
+        # on resume so that one run compares like with like; tau_est undercounts correlated slots, see
+        # `acceptance_estimate`)
         self.state = {"step": 0, "epoch": 0, "cursor": 0, "tokens": 0, "blocks": 0, "skipped": 0,
-                      "train_seconds": 0.0, "best_tau": -1.0}
+                      "train_seconds": 0.0, "best_tau": -1.0, "best_by": "tau_block"}
         self.history: list[dict] = []
         self.earlier_runs = earlier_runs(cfg.init_drafter)  # read now: shipping may later overwrite that folder
         self.stop_requested = False
@@ -2039,7 +2049,7 @@ class Trainer:
         if self.cache is None:
             return sequences_with_features(self.data, idx, self.target, self.drafter_config.target_layer_ids)
         seqs, feats, finals = labelled_sequences(self.data, idx), [], []
-        n_ctx = len(self.drafter_config.target_layer_ids) * self.drafter_config.hidden_size
+        n_ctx = len(self.drafter_config.target_layer_ids) * self.drafter_config.target_hidden_size
         for i in idx:
             f = self.cache.read(int(self.data.offsets[i]), int(self.data.offsets[i + 1]))
             feats.append(f[:, :n_ctx])
@@ -2357,8 +2367,9 @@ class Trainer:
         self.accel.print(f"[eval] step {ev['step']} tokens {ev['tokens']} loss {ev['heldout_loss']:.4f} tau_est {ev['tau_est']:.3f} "
               f"tau_block {ev['tau_block']:.3f} acc1 {ev['slot_acc'][0]:.3f} +- {ev['acc1_se']:.3f} ({ev['blocks']} blocks)",
               flush=True)
-        if ev["tau_est"] > self.state["best_tau"]:
-            self.state["best_tau"] = ev["tau_est"]
+        by = self.state.get("best_by", "tau_est")
+        if ev[by] > self.state["best_tau"]:
+            self.state["best_tau"] = ev[by]
             self.save_drafter(self.out / "best")
 
     def _on_sigterm(self, signum, frame) -> None:
@@ -2820,7 +2831,8 @@ def _ship_card(args: argparse.Namespace, run: Path, out: Path, name: str) -> Non
         for set_name, row in rows.items():
             results.setdefault(set_name, {})[method] = row["tau"]
             identical.append(f"{method} / {set_name}: {row['identical_to_greedy']}/{row['prompts']}")
-    best = max(history, key=lambda e: e["tau_est"]) if history else None
+    best_by = state.get("best_by", "tau_est")  # what chose the run's best/
+    best = max(history, key=lambda e: e[best_by]) if history else None
     refiner = cfg["refiner"]
     from .assets import GGUF_MODELS, SMOLLM2
 
@@ -2844,7 +2856,7 @@ Trained with `hf-xpress train` (see `scripts/` and `docs/training.md` in the hf-
 - **Budget**: {state['step'] - state['skipped']} steps x {cfg['batch_size']} sequences x up to {cfg['anchors_per_seq']} anchors (fewer in short responses) = {state['blocks']} blocks{f" (losses on slots 1..{cfg['loss_slots']} of each)" if cfg.get('loss_slots') else ''},
   {state['tokens']} training tokens (target tokens read), {state['train_seconds'] / 60:.1f} minutes of training on {_training_device(cfg, state)}
   ({cfg['mixed_precision']} autocast); AdamW lr {cfg['lr']}, {_regularisation(cfg)}, cosine, {cfg['warmup']:.0%} warm-up, clip {cfg['clip']}; {state['skipped']} skipped steps.
-{_warm_start_line(cfg, state, saved.get("earlier_runs"))}{inference}- **Shipped checkpoint**: `{args.checkpoint}`, step {shipped_step}{f" (best held-out tau_est of the run: {best['tau_est']:.3f} at step {best['step']})" if best else ''}.
+{_warm_start_line(cfg, state, saved.get("earlier_runs"))}{inference}- **Shipped checkpoint**: `{args.checkpoint}`, step {shipped_step}{f" (best held-out {best_by} of the run: {best[best_by]:.3f} at step {best['step']})" if best else ''}.
 
 Learning curve (held-out: loss on the training vocabulary; per-slot greedy acceptance of the inference-time drafts,
 {'drafted among the training vocabulary' if cfg.get('train_vocab') and cfg.get('draft_vocab', False) else 'full vocabulary'}, against the target's argmax; tau_est = 1 + sum_k prod_(j<=k) acc_j; tau_block = 1 + mean leading run of

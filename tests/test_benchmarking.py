@@ -580,6 +580,11 @@ def test_bench_checks_its_settings_before_loading_or_running(tmp_path, capsys):
         (["--block-context", "0"], "--block-context must be at least 8"),
         (["--block-repeats", "0"], "--block-repeats must be at least 1"),
         (["--device", "foo"], "--device 'foo': not a torch device"),
+        (["--device", "meta"], "--device 'meta': this torch has no usable meta device"),  # was a traceback
+        (["--tree-budget", "5"], "--tree-budget needs --tree W"),  # both ran chains only, silently
+        (["--tree", "2", "--tree-temperature", "1.5"], "--tree-temperature ranks a dynamic tree's nodes"),
+        *([(["--device", "cuda"], "--device 'cuda': this torch has no usable cuda device")]
+          if not torch.cuda.is_available() else []),
         (["--sets", "humaneval,nosuchset"], "--sets: unknown prompt set 'nosuchset'"),
         (["--confidence", "0,1"], "--confidence takes thresholds in [0, 1)"),
         (["--passes", "2,-1"], "--passes takes integers >= 0"),
@@ -593,6 +598,10 @@ def test_bench_checks_its_settings_before_loading_or_running(tmp_path, capsys):
     saved = REPO / "results" / "smollm2-bf16-dyn-lookup-24" / "results.json"  # a committed run
     assert cli_main(["bench", "--from-results", str(saved), "--out", str(afile / "sub")]) == 2
     assert "cannot create the output folder" in capsys.readouterr().err
+    # --fail-on-mismatch fails a re-summarised run with greedy mismatches as it fails the run itself (was exit 0)
+    bf16 = REPO / "results" / "qwen25coder-1.5b-2-short" / "results.json"  # a committed bf16 run: 2 mismatches
+    assert cli_main(["bench", "--from-results", str(bf16), "--out", str(tmp_path / "again"), "--fail-on-mismatch"]) == 1
+    assert cli_main(["bench", "--from-results", str(bf16), "--out", str(tmp_path / "again2")]) == 0
 
 
 def test_bench_refuses_bad_folders_duplicate_sets_and_an_empty_run(tmp_path, llama, capsys):
@@ -619,7 +628,23 @@ def test_bench_refuses_bad_folders_duplicate_sets_and_an_empty_run(tmp_path, lla
         (["--sets", f"{prompts},{twin}"], "would be reported as 'mine', the name of another set given"),
         (["--sets", str(builtin)], "would be reported as 'humaneval', the name of a built-in set"),
         (["--sets", str(empty)], "no prompts to run"),
+        (["--drafter", str(drafter), "--drafter", str(drafter), "--passes", "1", "--early-stop", "on"],  # names only
+         "duplicate method names: ['xpress[drafter] K=1 es'] (the same drafter folder given twice"),     # the twins
     ]
     for flags, message in cases:
         assert cli_main([*base, *flags]) == 2, flags
         assert message in capsys.readouterr().err, flags
+
+
+def test_prompt_tokens_equal_to_the_pad_id_are_not_masked(llama):
+    """A target with neither a pad nor an EOS id is run with pad id 0; without an attention mask transformers masked
+    every prompt token 0 (in the tests' character tokenizer: the space), so even the plain reference was wrong and
+    tree methods refused the "padded" prompt."""
+    from hf_xpress import benchmarking
+
+    ids = torch.tensor([[5, 0, 7, 0, 9, 0, 11]])
+    llama.generation_config.pad_token_id = llama.generation_config.eos_token_id = None
+    out = llama.generate(ids, **benchmarking._generate_kwargs(llama, ids, 12, 0.0))
+    unmasked = llama.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=0, max_new_tokens=12, do_sample=False)
+    masked = llama.generate(ids, pad_token_id=0, max_new_tokens=12, do_sample=False)
+    assert torch.equal(out, unmasked) and not torch.equal(masked, unmasked)

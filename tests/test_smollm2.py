@@ -178,6 +178,15 @@ def test_demo_command_runs_the_shipped_drafter_exactly(capsys):
     assert "num_assistant_tokens_schedule 'cost' applies to chains" in capsys.readouterr().err
     assert main(["demo", "--tree-budget", "6"]) == 2  # one line naming the problem
     assert "hf-xpress demo: error: --tree-budget needs --tree" in capsys.readouterr().err
+    for flag in ("--tree", "--lookup"):  # 0 ran a chain / no lookup silently; -3 failed inside transformers
+        assert main(["demo", flag, "0"]) == 2 and f"{flag} must be at least 1, got 0" in capsys.readouterr().err
+    # a missing drafter folder, or a model that is not a drafter: were tracebacks (a Hub repo-id error, an attribute)
+    assert main(["demo", "--prompt", "Hi", "--drafter", "/nowhere/drafter"]) == 2
+    assert "--drafter /nowhere/drafter: not a drafter folder or Hub id" in capsys.readouterr().err
+    from hf_xpress.assets import materialize
+
+    assert main(["demo", "--prompt", "Hi", "--drafter", str(materialize("smollm2-135m-instruct"))]) == 2
+    assert "holds a LlamaModel, not an xPress / dFlash drafter" in capsys.readouterr().err
 
 
 def test_demo_explains_an_fp32_speed_up_below_one_and_names_the_fast_setting():

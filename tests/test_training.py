@@ -1356,6 +1356,60 @@ def test_heldout_acceptance_drafts_over_the_vocabulary_the_saved_drafter_uses(tm
     assert all(torch.isfinite(b[..., ~outside]).all() for b in seen)
 
 
+@pytest.mark.parametrize("refiner", ["xpress", "markov"])
+def test_heldout_drafts_are_the_inference_drafts_also_with_a_shortlist(refiner):
+    """The held-out evaluation drafts many blocks at once (`draft_blocks`); `propose` drafts one. With
+    `refiner_shortlist` set (all shipped drafters), propose rescores each slot's M best base tokens only, while the
+    evaluation scored the whole vocabulary: its acceptance was not the inference drafts'."""
+    torch.manual_seed(0)
+    drafter = XPressDrafterModel.from_target(tiny_llama(), refiner=refiner, num_hidden_layers=1, mask_token_id=V - 1,
+                                             refiner_rank=8, block_size=6, jacobi_passes=5).eval()
+    with torch.no_grad():  # a refiner strong enough to move drafts off the drafter's own choice
+        drafter.refiner.w2.weight.normal_(0, 50.0)
+    N, B = 12, 6
+    hidden = torch.randn(N, B, drafter.config.hidden_size)
+    base = torch.randn(N, B - 1, V) * 0.5
+    lead = torch.randint(0, V - 1, (N, 2))
+    for shortlist in (None, 3):
+        drafter.config.refiner_shortlist = shortlist
+        batched = T.draft_blocks(drafter, hidden, base, lead)
+        single = torch.cat([drafter.propose(hidden[i : i + 1], base[i : i + 1], lead[i : i + 1], early_stop=False).tokens
+                            for i in range(N)])
+        assert torch.equal(batched, single), shortlist
+        if shortlist:  # the shortlist mattered in these blocks
+            drafter.config.refiner_shortlist = None
+            assert not torch.equal(T.draft_blocks(drafter, hidden, base, lead), batched)
+
+
+def test_best_is_chosen_by_the_run_length_estimate_and_an_older_run_keeps_its_criterion(tmp_path, monkeypatch):
+    """tau_est (a product of overall slot accuracies) undercounts correlated slots; best/ is now the evaluation with
+    the highest tau_block. A run checkpointed before `best_by` was recorded keeps choosing by tau_est."""
+    import io
+
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target)
+    trainer = T.Trainer(_cfg(data, tmp_path / "run"), target=target)
+    assert trainer.state["best_by"] == "tau_block"
+    figures = [(1.5, 2.0), (1.7, 1.9), (1.6, 2.1)]  # (tau_est, tau_block): the two rank the evaluations differently
+
+    def chosen() -> list[int]:
+        saved, steps = [], iter(range(len(figures)))
+        evaluations = iter(figures)
+        monkeypatch.setattr(trainer, "evaluate", lambda: dict(
+            zip(("tau_est", "tau_block"), next(evaluations)), step=next(steps), tokens=0, heldout_loss=1.0,
+            slot_acc=[0.5], acc1_se=0.01, blocks=10))
+        monkeypatch.setattr(trainer, "save_drafter", lambda folder: saved.append(trainer.history[-1]["step"]))
+        trainer.state["best_tau"] = -1.0
+        for _ in figures:
+            trainer._log_eval(io.StringIO())
+        return saved
+
+    assert chosen() == [0, 2]
+    del trainer.state["best_by"]  # a run from before
+    assert chosen() == [0, 1]
+
+
 @pytest.mark.parametrize("refiner", ["xpress", "markov", None])
 def test_heldout_drafting_in_chunks_gives_the_same_estimate(tmp_path, refiner):
     """evaluate() drafts the held-out blocks a few at a time (memory); the chunk size must not change any figure."""

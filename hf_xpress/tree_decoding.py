@@ -324,7 +324,6 @@ def _tree_loop(model, input_ids, logits_processor, stopping_criteria, generation
         start = clock()
         looked_up = generator.lookup_continuation(input_ids)
         drafter_round = depth > 0 and (lookup_branch or not looked_up)
-        proposed = max(depth, len(looked_up)) if drafter_round else len(looked_up)  # slots the round drafts
         if looked_up and not drafter_round:  # prompt lookup found a continuation: verify it as a one-branch tree
             tokens, parents = looked_up, chain_parents(1, len(looked_up))
             drafted = refined = clock()
@@ -345,7 +344,9 @@ def _tree_loop(model, input_ids, logits_processor, stopping_criteria, generation
         else:  # one token left: a plain step
             tokens, parents = [], []
         block = input_ids.new_tensor([[int(input_ids[0, -1])] + tokens])
-        positions = length - 1 + torch.tensor([0] + node_depths(parents), device=block.device)
+        depths = node_depths(parents)
+        proposed = max(depths, default=0)  # slots the round drafts: its deepest node (a dynamic tree: often < depth)
+        positions = length - 1 + torch.tensor([0] + depths, device=block.device)
         outputs = model(
             block, position_ids=positions[None], cache=cache, use_cache=True,
             attention_mask=tree_attention_mask(parents, length - 1, model.dtype, block.device),

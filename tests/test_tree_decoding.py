@@ -123,6 +123,10 @@ def test_dynamic_tree_equals_plain_generate(target, refiner, budget, width):
             ours = _tree_generate(target, ids, drafter, width, tree_budget=budget, max_new_tokens=max_new_tokens)
             assert torch.equal(ours, plain)
     assert all(len(d) <= budget for d in drafter.stats.drafts) and max(map(len, drafter.stats.drafts)) == budget
+    # the slots a round drafts: its deepest node, not the depth cap (a 1-node tree drafts 1 slot, never 4)
+    assert all(p <= min(budget, 4) for p in drafter.stats.proposed) and max(drafter.stats.proposed) >= 1
+    if width == 1:
+        assert set(drafter.stats.proposed) == {min(budget, 4)}  # one child per node: a chain to the budget's depth
 
 
 @pytest.mark.parametrize("temperature", [0.5, 3.0])

@@ -55,8 +55,9 @@ def run_demo(
         assistant.config.num_assistant_tokens_schedule = schedule
         assistant.config.validate_xpress()
     moving = assistant.config.num_assistant_tokens_schedule != "constant"
-    print(f"target {target} ({dtype}), drafter {drafter} (refiner={assistant.config.refiner}, "
-          f"K={assistant.config.jacobi_passes}), {_describe_tree(tree, tree_budget)} verification, "
+    passes = f", K={assistant.config.jacobi_passes}" if assistant.config.refiner == "xpress" else ""  # Jacobi passes
+    print(f"target {target} ({dtype}), drafter {drafter} (refiner={assistant.config.refiner}"
+          f"{passes}), {_describe_tree(tree, tree_budget)} verification, "
           f"{'up to ' if moving else ''}{assistant.config.num_assistant_tokens or 'all'} drafts per round"
           f"{f' ({assistant.config.num_assistant_tokens_schedule} schedule)' if moving else ''}, "
           f"{_describe_lookup(lookup, tree)}"
@@ -92,7 +93,7 @@ def run_demo(
         }
         rows.append(row)
         print(f"> {prompt}\n{tokenizer.decode(fast[0, ids.shape[1]:], skip_special_tokens=True).strip()}\n")
-        print(f"  tau {row['tau']:.2f} | plain {row['plain_tok_s']:.1f} tok/s | xPress {row['xpress_tok_s']:.1f} tok/s "
+        print(f"  tau {row['tau']:.2f} | plain {row['plain_tok_s']:.1f} tok/s | speculative {row['xpress_tok_s']:.1f} tok/s "
               f"| speed-up {row['speedup']:.2f}x | identical to plain generate: {row['identical']}"
               + (f" | plain steps {row['plain_steps']}" if row["plain_steps"] else ""))
         if not row["identical"]:

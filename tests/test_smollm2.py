@@ -162,7 +162,11 @@ def test_demo_command_runs_the_shipped_drafter_exactly(capsys):
     prompt = "What is the capital of France? Answer in one sentence."
     assert main(["demo", "--prompt", prompt, "--max-new-tokens", "12"]) == 0
     out = capsys.readouterr().out
-    assert f"> {prompt}" in out and "refiner=xpress" in out
+    assert f"> {prompt}" in out and "refiner=xpress, K=2)" in out and "| speculative " in out
+    markov = DEFAULT_DRAFTER.parent / "smollm2-135m-markov-b16"  # K means nothing for the Markov head: not shown
+    assert main(["demo", "--prompt", prompt, "--max-new-tokens", "8", "--drafter", str(markov)]) == 0
+    out = capsys.readouterr().out
+    assert "(refiner=markov)" in out and "identical to plain generate: True" in out
     assert "identical to plain generate: True" in out and "tau " in out
     assert main(["demo", "--prompt", prompt, "--max-new-tokens", "12", "--tree", "3", "--tree-budget", "6",
                  "--drafts", "4", "--lookup", "10"]) == 0

@@ -44,6 +44,7 @@ import re
 import signal
 import sys
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -2241,6 +2242,14 @@ class Trainer:
             return False
         saved = json.loads((folder / "trainer_state.json").read_text())
         self._check_resumable(saved.get("config", {}), folder, saved.get("data"))
+        for states in folder.glob("random_states_*.pkl"):  # accelerate skips unreadable ones with an info log only,
+            try:                                            # and the resumed run is then not the uninterrupted one
+                with zipfile.ZipFile(states) as archive:    # (torch.save's format; a truncated file has no directory)
+                    bad = archive.testzip()
+            except (OSError, zipfile.BadZipFile) as err:
+                raise ValueError(_damaged_checkpoint(states, err)) from err
+            if bad is not None:
+                raise ValueError(_damaged_checkpoint(states, ValueError(f"corrupt member {bad}")))
         try:
             self.accel.load_state(str(folder))
         except (OSError, RuntimeError, ValueError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError) as err:

@@ -838,9 +838,8 @@ def load_vllm(folder: str | os.PathLike, *, target=None, dtype=None) -> XPressDr
     fields = config.to_dict()
     for key in ("architectures", "auto_map", "transformers_version", "model_type", "dtype", "torch_dtype"):
         fields.pop(key, None)
-    for key in ("target_model_type", *INFERENCE_SETTINGS):  # what the drafter was exported with
-        if key in extra and (key != "target_model_type" or fields.get(key) is None):
-            fields[key] = extra[key]
+    if extra.get("target_model_type") is not None and fields.get("target_model_type") is None:
+        fields["target_model_type"] = extra["target_model_type"]  # (its inference settings: `dflash_config_to_xpress`)
     state = read_state_dict(folder)
     drafter_state = {k: v for k, v in state.items() if not k.startswith(("xpress_head.", "markov_head."))}
     if VLLM_XPRESS_ARCHITECTURE in architectures:

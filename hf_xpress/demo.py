@@ -184,8 +184,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def _main(args: argparse.Namespace) -> int:
     """Exit status 1 when an fp32 output differs from plain `generate` (a bug: fp32 greedy decoding is exact); bf16
     outputs may drift at near-ties of the target's logits, so there the demo only reports them."""
-    if args.tree_budget and not args.tree:
-        raise ValueError("--tree-budget needs --tree W (the dynamic tree's children per node)")
     for flag, value in (("--tree", args.tree), ("--tree-budget", args.tree_budget), ("--drafts", args.drafts),
                         ("--lookup", args.lookup), ("--max-new-tokens", args.max_new_tokens)):
         if value is not None and value < 1:  # 0 turned a feature off silently; negatives failed inside transformers

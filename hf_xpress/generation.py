@@ -28,7 +28,7 @@ _eos_token_tensor` (the EOS ids `generate` prepared, as transformers' own candid
 `config._attn_implementation`, the parent generator's `_get_noise_embeds` / `noise_ids_mask`, and the cache layers'
 `keys` / `values` (`tree_decoding.keep_cache_rows`, to keep an accepted branch's rows). The Hub recipe
 (`custom_generate.py`), which runs without this package and so without `install()`, overrides
-`_get_candidate_generator` on the one target instance for the one call; the benchmark wraps it while it runs, to
+`_get_candidate_generator` on the one target instance while its calls run; the benchmark wraps it while it runs, to
 time transformers' own generators.
 """
 

@@ -833,6 +833,7 @@ class FeatureCache:
         self.folder = Path(folder)
         self.layer_ids = list(layer_ids)
         self.width = width
+        fingerprint = None if target is None else target_fingerprint(target)
         meta = self.folder / "meta.json"
         if mode == "w" and not meta.exists():
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -840,11 +841,11 @@ class FeatureCache:
             fresh = {"num_tokens": num_tokens, "width": width, "layer_ids": self.layer_ids, "num_done": 0}
             if data is not None:
                 fresh["data_sha256"] = data_prefix_hash(data, num_tokens)
-            if target is not None:
-                fresh["target_sha256"] = target_fingerprint(target)
+            if fingerprint is not None:
+                fresh["target_sha256"] = fingerprint
             _write_atomic(meta, json.dumps(fresh))
         info = json.loads(meta.read_text())
-        if target is not None and info.get("target_sha256") not in (None, target_fingerprint(target)):
+        if fingerprint is not None and info.get("target_sha256") not in (None, fingerprint):
             raise ValueError(f"feature cache {self.folder} holds another target's features (its weights differ from "
                              "this --target's): give this target's own --feature-cache folder, or a new one")
         recorded = info.get("data_sha256")
@@ -1849,7 +1850,6 @@ class Trainer:
         self.embed = self.target.get_input_embeddings()
         self.lm_head = self.target.get_output_embeddings()
         self.data = Dataset.load(cfg.data)
-        check_train_numbers(cfg)
         vocab_size = self.target.config.get_text_config().vocab_size
         largest = int(self.data.tokens[: int(self.data.offsets[-1])].max()) if self.data.num_sequences else -1
         if largest >= vocab_size:

@@ -905,6 +905,52 @@ def target_features(target: Any, input_ids: torch.Tensor, layer_ids: list[int]) 
     return feats, out.last_hidden_state
 
 
+def target_logit_scaling(target: Any) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """What the target's CausalLM does to `lm_head(final hidden state)` before it returns logits, as a function of those
+    raw logits, or None when it returns them as they are: Cohere's `logit_scale` (multiplies), Granite's
+    `logits_scaling` (divides), Gemma 2 / 3's `final_logit_softcapping` (`cap * tanh(logits / cap)`). p_target, the
+    TV loss's distribution, must be the target's real one; argmax labels need none of these (each keeps the order)."""
+    text = target.config.get_text_config()
+    scale = getattr(text, "logit_scale", None)
+    divide = getattr(text, "logits_scaling", None)
+    cap = getattr(text, "final_logit_softcapping", None)
+    if scale in (None, 1, 1.0) and divide in (None, 1, 1.0) and not cap:
+        return None
+
+    def scaled(logits: torch.Tensor) -> torch.Tensor:
+        if scale not in (None, 1, 1.0):
+            logits = logits * scale
+        if divide not in (None, 1, 1.0):
+            logits = logits / divide
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    return scaled
+
+
+@torch.no_grad()
+def check_target_logits(target: Any, scaling: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+    """Raise a `ValueError` when the target's own logits on a short input are not `scaling(lm_head(final hidden
+    state))`: its output head does something the trainer does not reproduce, so p_target would be another
+    distribution than the target's."""
+    vocab = target.config.get_text_config().vocab_size
+    device = target.get_input_embeddings().weight.device
+    ids = (torch.arange(1, 9, device=device) * 7 % vocab)[None]
+    _, final = target_features(target, ids, [])
+    ours = target.get_output_embeddings()(final).float()
+    ours = ours if scaling is None else scaling(ours)
+    theirs = target(input_ids=ids, use_cache=False).logits.float()
+    tolerance = (1e-3 if final.dtype == torch.float32 else 3e-2) * (1 + float(theirs.abs().max()))
+    gap = float((ours - theirs).abs().max())
+    if not gap <= tolerance:  # also NaN
+        applied = "lm_head(final hidden state)" + ("" if scaling is None else " with its logit scalings")
+        raise ValueError(f"The target's logits ({type(target).__name__}) differ from {applied} by up to {gap:.3g}: its "
+                         "output head transforms logits in a way the trainer does not reproduce, so the TV loss would "
+                         "train towards another distribution than the target's. Train with --tv-weight 0 (argmax "
+                         "labels and cross-entropy only), or add the transform to training.target_logit_scaling.")
+
+
 @torch.no_grad()
 def label_dataset(target: Any, folder: Path, *, layer_ids: list[int] | None, cache_dir: str | None,
                   chunk: int = 64, max_batch_tokens: int = 4096, max_seconds: float | None = None) -> Dataset:
@@ -1406,7 +1452,7 @@ def heldout_drafts(drafter: XPressDrafterModel, lm_head: torch.nn.Module, packed
     correct = []
     for c in range(0, hidden.shape[0], chunk):
         h = hidden[c : c + chunk]
-        base = lm_head(h[:, 1:])
+        base = lm_head(h[:, 1:].to(lm_head.weight.dtype))
         if outside is not None:
             base = base.masked_fill(outside, float("-inf"))
         drafts = draft_blocks(drafter, h.float(), base.float(), packed.blocks.anchor_prev[c : c + len(h)])
@@ -1517,13 +1563,15 @@ def pack_blocks(
     vocab: torch.LongTensor | None = None,
     with_p_target: bool = True,
     slots: int | None = None,
+    logit_scaling: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> PackedInput:
     """Build one packed forward. seqs: `(tokens [L], labels [L], prompt_len)`; feats: `[L, n*H]`; finals: `[L, H]`
     target final hidden states (their `lm_head` gives p_target). With a training vocabulary `vocab` (`[K]` ids),
     p_target is the target's distribution renormalised over it, labels are indices into it, and slots whose label
     is outside it are not valid. `with_p_target=False` skips p_target (`[N, B-1, 0]`): measuring acceptance needs
     only the labels, and over a full vocabulary p_target is the largest tensor of the batch. `slots`: label only
-    slots 1..slots of each block (default all B-1; the block itself keeps B tokens)."""
+    slots 1..slots of each block (default all B-1; the block itself keeps B tokens). `logit_scaling`: what the
+    target applies to its lm_head's logits (`target_logit_scaling`), for p_target."""
     cfg = drafter.config
     B, K = cfg.block_size, cfg.block_size - 1 if slots is None else slots
     if not 1 <= K <= B - 1:
@@ -1563,10 +1611,9 @@ def pack_blocks(
         finals_t = torch.stack(final_rows).to(device, lm_head.weight.dtype)
         if not with_p_target:
             p_target = finals_t.new_empty((*labels_t.shape, 0), dtype=torch.float32)
-        elif vocab is None:
-            p_target = torch.softmax(lm_head(finals_t).float(), -1)
         else:
-            p_target = torch.softmax(F.linear(finals_t, head_rows(lm_head, vocab)).float(), -1)
+            logits = (lm_head(finals_t) if vocab is None else F.linear(finals_t, head_rows(lm_head, vocab))).float()
+            p_target = torch.softmax(logits if logit_scaling is None else logit_scaling(logits), -1)
         if vocab is not None:
             position = torch.full((lm_head.weight.shape[0],), -1, dtype=torch.long, device=device)
             position[vocab] = torch.arange(len(vocab), device=device)
@@ -1599,7 +1646,7 @@ def drafter_outputs(drafter: XPressDrafterModel, lm_head: torch.nn.Module, packe
     """One drafter forward over the packed blocks -> (hidden `[N, B, H]`, base logits `[N, S, V]`, or `[N, S, K]`
     over the training vocabulary `vocab`, for the S labelled slots 1..S of `packed.blocks`)."""
     h = drafter_hidden(drafter, packed)
-    slots = h[:, 1 : 1 + packed.blocks.labels.shape[1]]
+    slots = h[:, 1 : 1 + packed.blocks.labels.shape[1]].to(lm_head.weight.dtype)  # as inference: the head's dtype
     return h, (lm_head(slots) if vocab is None else F.linear(slots, head_rows(lm_head, vocab)))
 
 
@@ -1761,6 +1808,7 @@ class TrainConfig:
     max_seconds: float | None = None  # stop (and checkpoint) after this much training time in this process
     clip: float = 1.0
     mixed_precision: str = "no"  # "bf16" autocasts the drafter's forward
+    target_dtype: str = "float32"  # the frozen target's dtype when loaded from `target` (bfloat16 halves its memory)
     seed: int = 0
     heldout_every: int = 40  # every 40th labelled sequence is held out
     heldout_seqs: int = 48
@@ -1814,6 +1862,10 @@ def check_train_numbers(cfg: "TrainConfig") -> None:
     for name in ("threads", "stop_after_steps", "lora_rank"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.mixed_precision not in ("no", "bf16"):
+        raise ValueError(f"mixed_precision takes 'no' or 'bf16', got {cfg.mixed_precision!r}")
+    if cfg.target_dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"target_dtype takes 'float32', 'bfloat16' or 'float16', got {cfg.target_dtype!r}")
     if cfg.max_seconds is not None and not cfg.max_seconds > 0:
         raise ValueError(f"max_seconds must be a positive number of seconds, got {cfg.max_seconds}")
     if Path(cfg.out).exists() and not Path(cfg.out).is_dir():
@@ -1845,10 +1897,13 @@ class Trainer:
         if target is None:
             from .assets import load_target
 
-            target, _ = load_target(cfg.target, tokenizer=False)  # training reads token ids only
+            target, _ = load_target(cfg.target, dtype=getattr(torch, cfg.target_dtype), tokenizer=False)  # token ids only
         self.target = target.to(self.accel.device).eval().requires_grad_(False)
         self.embed = self.target.get_input_embeddings()
         self.lm_head = self.target.get_output_embeddings()
+        self.logit_scaling = target_logit_scaling(self.target)  # p_target is the target's distribution
+        if cfg.tv_weight > 0:
+            check_target_logits(self.target, self.logit_scaling)
         self.data = Dataset.load(cfg.data)
         vocab_size = self.target.config.get_text_config().vocab_size
         largest = int(self.data.tokens[: int(self.data.offsets[-1])].max()) if self.data.num_sequences else -1
@@ -2074,7 +2129,7 @@ class Trainer:
         seqs, feats, finals = self._features(idx)
         model = self.accel.unwrap_model(self.drafter)
         packed = pack_blocks(model, self.embed, self.lm_head, seqs, feats, finals, self.cfg.anchors_per_seq, generator,
-                             self.vocab, slots=self.cfg.loss_slots)
+                             self.vocab, slots=self.cfg.loss_slots, logit_scaling=self.logit_scaling)
         with self.accel.autocast():
             hidden, base = drafter_outputs(self.drafter, self.lm_head, packed, self.vocab)
             loss, parts = refiner_losses(self._refiner_owner(), hidden, base, packed.blocks, self.weights, vocab=self.vocab,
@@ -2171,7 +2226,8 @@ class Trainer:
             seqs, feats, finals = self._features(idx)
             state = generator.get_state()
             packed = pack_blocks(model, self.embed, self.lm_head, seqs, feats, finals, self.cfg.eval_anchors, generator,
-                                 self.vocab, slots=self.cfg.loss_slots)  # the training objective
+                                 self.vocab, slots=self.cfg.loss_slots,
+                                 logit_scaling=self.logit_scaling)  # the training objective
             hidden, base = drafter_outputs(model, self.lm_head, packed, self.vocab)
             loss, _ = refiner_losses(model, hidden, base, packed.blocks, self.weights, vocab=self.vocab,
                                      ce_weight=self.cfg.ce_weight, tv_weight=self.cfg.tv_weight)
@@ -2437,7 +2493,12 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=float, default=getattr(d, name),
                        help=helps.get(name))
     p.add_argument("--layer-ids", dest="layer_ids", default=None, help="comma-separated target layers")
-    p.add_argument("--mixed-precision", dest="mixed_precision", default=d.mixed_precision, choices=["no", "bf16"])
+    p.add_argument("--mixed-precision", dest="mixed_precision", default=d.mixed_precision, choices=["no", "bf16"],
+                   help="bf16: autocast the drafter's forward and losses (its weights and optimizer stay float32)")
+    p.add_argument("--target-dtype", dest="target_dtype", default=d.target_dtype,
+                   choices=["float32", "bfloat16", "float16"],
+                   help="the frozen target's dtype (its forwards make the features when they are not cached); "
+                        "bfloat16 halves its memory and time on a GPU (default: %(default)s)")
     p.add_argument("--feature-cache", dest="feature_cache", default=None)
     p.add_argument("--no-draft-vocab", dest="draft_vocab", action="store_false", default=None,
                    help="saved drafters draft over the whole vocabulary, not only the training vocabulary")

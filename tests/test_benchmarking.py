@@ -380,6 +380,10 @@ def test_block_latency_positive_for_every_k(llama, refiner):
     for key in keys:
         assert r[key] > 0, key
     assert set(r["goals"]) >= {"k4_below_markov", "k4_under_25pct_of_draft", "k4_in_round_over_markov"}
+    goals = r["goals"]  # the goal's comparison: the two timed interleaved, call by call
+    assert goals["k4_interleaved_ms"] > 0 and goals["markov_interleaved_ms"] > 0
+    assert goals["k4_over_markov"] == goals["k4_interleaved_ms"] / goals["markov_interleaved_ms"]
+    assert "Goal K=4 < Markov (the two interleaved call by call)" in format_block_table(r)
     assert all(r["in_round_ms"][name] > 0 for name in ("draft", "xpress_k4", "markov"))
     assert "K=4, in a round" in format_block_table(r) and "In a round (caches as in generation)" in format_block_table(r)
     assert r["block_size"] == 16
@@ -417,6 +421,27 @@ def test_block_latency_drafts_on_the_draft_vocabulary_like_generation(llama, sho
     assert r["refine_compiled_ms"][4] > 0 and r["markov_compiled_ms"] > 0
     table = format_block_table(r)
     assert "15 slots x V'=32" in table and "over 15 x V'=32 logits" in table and "V'=32 over 15 slots" in table
+
+
+def test_block_latency_profiles_where_the_refiners_time_goes(llama):
+    from hf_xpress.benchmarking import _profile_ops
+
+    drafter = tiny_drafter(llama, "xpress", refiner_shortlist=8)
+    r = block_latency(llama, drafter, passes=[4], context_length=8, repeats=2, warmup=0, verbose=False, profile=True)
+    assert set(r["ops"]) == {"xpress_k4", "markov"}
+    for prof in r["ops"].values():
+        assert prof["total_us"] > 0 and 0 < len(prof["ops"]) <= 12
+        assert all(name.startswith("aten::") and calls > 0 and us >= 0 for name, calls, us in prof["ops"])
+        assert sum(us for _, _, us in prof["ops"]) <= prof["total_us"] * 1.0001
+    table = format_block_table(r)
+    assert "Where the time goes" in table and "| xPress K=4 | **all operators (profiled)** |" in table
+    # per block: one SwiGLU per Jacobi pass (K = 4, early stop off); the Markov head one argmax per slot
+    hidden = torch.randn(1, 16, llama.config.hidden_size)
+    base = torch.randn(1, 15, llama.config.vocab_size)
+    lead = torch.tensor([[3, 4]])
+    calls = {name: calls for name, calls, _ in _profile_ops(
+        lambda: drafter.propose(hidden, base, lead, passes=4, early_stop=False), repeats=3, top=100)["ops"]}
+    assert calls["aten::silu"] == 4
 
 
 def test_block_latency_builds_a_random_drafter(llama):
@@ -582,6 +607,8 @@ def test_bench_checks_its_settings_before_loading_or_running(tmp_path, capsys):
         (["--device", "foo"], "--device 'foo': not a torch device"),
         (["--device", "meta"], "--device 'meta': this torch has no usable meta device"),  # was a traceback
         (["--tree-budget", "5"], "--tree-budget needs --tree W"),  # both ran chains only, silently
+        (["--block-profile"], "--block-profile applies to the per-block benchmark"),  # was silently nothing
+        (["--block-compiled"], "--block-compiled applies to the per-block benchmark"),
         (["--tree", "2", "--tree-temperature", "1.5"], "--tree-temperature ranks a dynamic tree's nodes"),
         *([(["--device", "cuda"], "--device 'cuda': this torch has no usable cuda device")]
           if not torch.cuda.is_available() else []),

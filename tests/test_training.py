@@ -299,6 +299,101 @@ def test_refiner_loss_weights_mix_ce_and_tv(refiner):
     assert ce_parts["anchor"] == pytest.approx(T.dflash_loss(base, blocks.labels, blocks.valid, w).item(), rel=1e-5)
 
 
+def _scaled_target(kind: str):
+    """A tiny target whose CausalLM transforms its lm_head's logits: Gemma 2's soft-capping, Granite's division,
+    Cohere's multiplication (each strong enough to change the distribution a lot)."""
+    from transformers import (CohereConfig, CohereForCausalLM, Gemma2Config, Gemma2ForCausalLM, GraniteConfig,
+                              GraniteForCausalLM)
+
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = {"gemma2": lambda: Gemma2ForCausalLM(Gemma2Config(head_dim=16, final_logit_softcapping=2.0, **sizes)),
+             "granite": lambda: GraniteForCausalLM(GraniteConfig(logits_scaling=4.0, **sizes)),
+             "cohere": lambda: CohereForCausalLM(CohereConfig(logit_scale=0.25, **sizes))}[kind]().eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(20.0)  # raw logits of a trained model's scale
+    return model
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "granite", "cohere"])
+def test_p_target_is_the_targets_distribution_after_its_logit_scalings(kind):
+    """p_target (the TV loss's target) is softmax of the logits the target itself returns, also when its CausalLM
+    soft-caps, divides or multiplies its lm_head's output (it was softmax of the raw lm_head output)."""
+    target = _scaled_target(kind)
+    scaling = T.target_logit_scaling(target)
+    assert scaling is not None and T.target_logit_scaling(tiny_llama()) is None
+    T.check_target_logits(target, scaling)  # our scaling reproduces the target's own logits
+    with pytest.raises(ValueError, match="differ from lm_head"):
+        T.check_target_logits(target, None)  # without it, they differ
+    L = 40
+    tok = torch.randint(3, V - 1, (L,))
+    with torch.no_grad():
+        feats, finals = T.target_features(target, tok[None], [0, 1])
+        logits = target(tok[None]).logits[0]
+    drafter = XPressDrafterModel.from_target(target, refiner="xpress", num_hidden_layers=1, mask_token_id=V - 1,
+                                             refiner_rank=8).eval()
+    packed = T.pack_blocks(drafter, target.get_input_embeddings(), target.get_output_embeddings(),
+                           [(tok, logits.argmax(-1), 2)], [feats[0]], [finals[0]], anchors_per_seq=3,
+                           generator=torch.Generator().manual_seed(0), logit_scaling=scaling)
+    anchors = packed.position_ids[0, L::16].tolist()
+    blocks = packed.blocks
+    checked = 0
+    for i, a in enumerate(anchors[: blocks.valid.shape[0]]):
+        for k in range(15):
+            if blocks.valid[i, k]:  # slot k + 1 predicts the token after position a + k
+                torch.testing.assert_close(blocks.p_target[i, k], torch.softmax(logits[a + k], -1), atol=1e-5, rtol=1e-4)
+                checked += 1
+    assert checked >= 10
+
+
+@pytest.fixture
+def fresh_accelerate_state():
+    """accelerate keeps one process-wide state: a run with another mixed precision needs it reset (and reset after)."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(True)
+    yield
+    AcceleratorState._reset_state(True)
+
+
+@pytest.mark.parametrize("mixed", ["no", "bf16"])
+def test_trainer_loads_its_target_in_the_dtype_asked_for(tmp_path, mixed, fresh_accelerate_state):
+    """--target-dtype bfloat16: the frozen target (its forwards make the features) in bf16, with or without bf16
+    autocast of the drafter; the drafter's weights stay float32. It used to be float32 always (and a bf16 target
+    passed in crashed inside torch on the dtype mix)."""
+    target, data, parser = _tiny_training_setup(tmp_path)
+    folder = tmp_path / "target"
+    target.save_pretrained(folder)
+    assert parser.parse_args(["--target-dtype", "bfloat16"]).target_dtype == "bfloat16"
+    trainer = T.Trainer(_cfg(data, tmp_path / "run", target=str(folder), target_dtype="bfloat16", mixed_precision=mixed))
+    assert trainer.target.dtype == torch.bfloat16 and trainer.plain_drafter().fc.weight.dtype == torch.float32
+    before = trainer.plain_drafter().fc.weight.detach().clone()
+    for _ in range(2):
+        assert math.isfinite(trainer.train_step()["loss"])
+    assert not torch.equal(before, trainer.plain_drafter().fc.weight)
+    default = T.Trainer(_cfg(data, tmp_path / "run32", target=str(folder), mixed_precision=mixed))
+    assert default.target.dtype == torch.float32
+    for bad, message in (({"target_dtype": "bf16"}, "target_dtype takes"), ({"mixed_precision": "fp16"}, "mixed_precision takes")):
+        with pytest.raises(ValueError, match=message):
+            T.Trainer(_cfg(data, tmp_path / "bad", target=str(folder), **{"mixed_precision": mixed, **bad}))
+
+
+def test_trainer_refuses_a_target_whose_logits_it_cannot_reproduce(tmp_path):
+    target, data, _ = _tiny_training_setup(tmp_path)
+    forward = target.forward
+
+    def tripled(*args, **kwargs):  # an output head doing something target_logit_scaling does not know
+        out = forward(*args, **kwargs)
+        out.logits = out.logits * 3
+        return out
+
+    target.forward = tripled
+    with pytest.raises(ValueError, match=r"differ from lm_head\(final hidden state\).*--tv-weight 0"):
+        T.Trainer(_cfg(data, tmp_path / "run"), target=target)
+    T.Trainer(_cfg(data, tmp_path / "ce", ce_weight=1.0, tv_weight=0.0), target=target)  # no p_target: trains
+
+
 def test_trainer_takes_the_loss_weights_and_rejects_bad_ones(tmp_path):
     target, data, parser = _tiny_training_setup(tmp_path)
     args = parser.parse_args(["--ce-weight", "1", "--tv-weight", "0"])

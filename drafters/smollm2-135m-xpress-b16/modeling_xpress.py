@@ -898,8 +898,8 @@ class XPressDrafterModel(XPressPreTrainedModel):
             position_ids = torch.arange(past, past + c + q, device=noise_embeds.device).unsqueeze(0).expand(b, -1)
         if position_ids.shape[-1] != c + q:
             raise ValueError(f"position_ids must cover the {c} context rows and {q} block rows, got {position_ids.shape[-1]}.")
-        mask = _attention_bias(attention_mask, q, past + c + q, noise_embeds.dtype)
-        hidden_states = noise_embeds.to(self.fc.weight.dtype)
+        hidden_states = noise_embeds.to(self.fc.weight.dtype)  # a target of another dtype: the drafter's
+        mask = _attention_bias(attention_mask, q, past + c + q, hidden_states.dtype)
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
         for layer in self.layers:
             hidden_states = layer(hidden_states, context, position_embeddings, mask, cache, position_ids)

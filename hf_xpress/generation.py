@@ -288,7 +288,7 @@ def check_generation_options(target, generation_config: GenerationConfig) -> Non
             f"{generation_config.max_length})."
         )
     ignored = [f"{name}={getattr(generation_config, name)!r}" for name, default in DRAFTER_SETTINGS.items()
-               if getattr(generation_config, name, default) != default]
+               if getattr(generation_config, name, None) not in (None, default)]  # None: not set (transformers 5)
     if ignored:  # transformers reads these from a classic assistant's own generation_config, never from generate()
         logger.warning_once(
             f"generate() was given {', '.join(ignored)}, which an xPress drafter does not read: its drafts per round "

@@ -894,11 +894,38 @@ class FeatureCache:
         return torch.from_numpy(np.array(self.array[start:end])).view(torch.bfloat16)
 
 
+def target_decoder(target: Any) -> torch.nn.Module:
+    """The target's decoder: the module under its lm_head whose output has `last_hidden_state`. `get_decoder()`, or
+    `.model` where that returns the CausalLM itself (Llama 4's and Mllama's CausalLMs declare another base-model
+    prefix than the attribute that holds their decoder)."""
+    body = target.get_decoder() if hasattr(target, "get_decoder") else None
+    if body is None or body is target:
+        body = getattr(target, "model", None)
+    if not isinstance(body, torch.nn.Module) or body is target:
+        raise ValueError(f"Cannot find the decoder inside {type(target).__name__} (neither get_decoder() nor .model "
+                         "gives the module under its lm_head): the trainer reads the target's hidden states there.")
+    return body
+
+
+def noise_embeddings(embed: torch.nn.Module, ids: torch.LongTensor) -> torch.Tensor:
+    """The target's token embeddings of a drafter block `[..., B]` -> `[..., B, H]`, exactly as generation embeds it
+    (transformers' DFlash `_get_noise_embeds`): without the row normalisation some embeddings apply (`embed_norm`,
+    e.g. Inkling's), which dFlash drafters do not use. Training with it on would serve the drafter other inputs."""
+    embed_norm = getattr(embed, "embed_norm", None)
+    if embed_norm is None:
+        return embed(ids)
+    try:
+        embed.embed_norm = torch.nn.Identity()
+        return embed(ids)
+    finally:
+        embed.embed_norm = embed_norm
+
+
 def target_features(target: Any, input_ids: torch.Tensor, layer_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """One frozen target forward. input_ids `[b, T]` -> (context features `[b, T, n*H]`, final hidden `[b, T, H]`).
 
     The final hidden state is after the target's final norm, so `lm_head(final)` are its logits."""
-    body = target.get_decoder() if hasattr(target, "get_decoder") else target.model
+    body = target_decoder(target)
     out = body(input_ids=input_ids, output_hidden_states=True, use_cache=False)
     hs = out.hidden_states
     feats = torch.cat([hs[i + 1] for i in layer_ids], dim=-1) if layer_ids else hs[0][..., :0]
@@ -1620,7 +1647,7 @@ def pack_blocks(
             labels_t = position[labels_t]
             valid_t = valid_t & (labels_t >= 0)
             labels_t = labels_t.clamp_min(0)
-        noise = embed(block_ids.to(device))
+        noise = noise_embeddings(embed, block_ids.to(device))
     return PackedInput(
         noise_embeds=noise,
         context=context.to(device),
@@ -2000,7 +2027,7 @@ class Trainer:
     def _release_target_layers(self) -> None:
         """With every feature cached, training reads only the target's embedding and lm_head: free its decoder layers
         (most of its memory: 2.6 of 3.1 GB for Qwen2.5-Coder-1.5B in bf16, per training process)."""
-        decoder = self.target.get_decoder() if hasattr(self.target, "get_decoder") else None
+        decoder = target_decoder(self.target)
         layers = getattr(decoder, "layers", None)
         if isinstance(layers, torch.nn.ModuleList):
             freed = sum(p.numel() * p.element_size() for p in layers.parameters())

@@ -7,12 +7,13 @@ import random
 
 import pytest
 import torch
-from transformers import GenerationMixin, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import (GenerationConfig, GenerationMixin, LogitsProcessor, LogitsProcessorList, StoppingCriteria,
+                          StoppingCriteriaList)
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 from transformers.generation.streamers import BaseStreamer
 
 from hf_xpress import XPressDrafterModel, generation
-from hf_xpress.generation import XPressCandidateGenerator
+from hf_xpress.generation import XPressCandidateGenerator, check_generation_options
 from hf_xpress.modeling_xpress import DraftProposal, _full_vocabulary
 
 from conftest import FiresOnce, assert_drafter_context_is, plain_fired_once, tiny_drafter, tiny_target
@@ -380,6 +381,8 @@ def test_draft_settings_given_to_generate_are_named_as_ignored(target, caplog):
     try:
         with caplog.at_level("WARNING"):
             target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)
+            # a bare GenerationConfig leaves them None (not set): not "given" either (it was warned about)
+            check_generation_options(target, GenerationConfig(max_length=64, do_sample=False))
         assert "does not read" not in caplog.text
         with caplog.at_level("WARNING"):
             target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False, num_assistant_tokens=3,
@@ -1214,3 +1217,23 @@ def test_sampling_with_prompt_lookup_rounds_keeps_the_target_distribution():
     stat, dof = _chi2(counts, exact)
     assert stat < _bound(dof), (stat, dof)
     assert 0.1 < sum(kinds) / len(kinds) < 0.9, (sum(kinds), len(kinds))  # both kinds of rounds, often
+
+
+@pytest.mark.parametrize("kind", ["bloom", "mamba"])
+def test_targets_without_attention_heads_or_a_position_limit_get_a_lossless_drafter(kind):
+    """BLOOM's config has no max_position_embeddings (ALiBi), Mamba's no attention heads: from_target crashed with
+    transformers' AttributeError on them (overrides did not help: read before they apply)."""
+    from transformers import BloomConfig, BloomForCausalLM, MambaConfig, MambaForCausalLM
+
+    torch.manual_seed(0)
+    none = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    target = (BloomForCausalLM(BloomConfig(vocab_size=128, hidden_size=64, n_layer=4, n_head=4, **none)) if kind == "bloom"
+              else MambaForCausalLM(MambaConfig(vocab_size=128, hidden_size=64, num_hidden_layers=4, state_size=8, **none)))
+    target.eval()
+    for refiner in REFINERS:
+        drafter = tiny_drafter(target, refiner)
+        assert drafter.config.num_attention_heads == (4 if kind == "bloom" else 1)  # Mamba: one head of width 64
+        for ids in _prompts(7)[::5]:  # lengths 1 and 31
+            assert torch.equal(target.generate(ids, assistant_model=drafter, max_new_tokens=24, do_sample=False),
+                               target.generate(ids, max_new_tokens=24, do_sample=False))
+    assert tiny_drafter(target, None, num_attention_heads=2, max_position_embeddings=64).config.num_attention_heads == 2

@@ -379,6 +379,64 @@ def test_trainer_loads_its_target_in_the_dtype_asked_for(tmp_path, mixed, fresh_
             T.Trainer(_cfg(data, tmp_path / "bad", target=str(folder), **{"mixed_precision": mixed, **bad}))
 
 
+def test_training_reads_a_llama4_targets_decoder(tmp_path):
+    """Llama4ForCausalLM's get_decoder() returns the CausalLM itself (its decoder sits at .model under another
+    base-model prefix): the trainer read `last_hidden_state` off its logits output and crashed."""
+    from transformers import Llama4ForCausalLM, Llama4TextConfig
+
+    torch.manual_seed(0)
+    target = Llama4ForCausalLM(Llama4TextConfig(
+        vocab_size=V, hidden_size=64, intermediate_size=128, intermediate_size_mlp=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=2, num_experts_per_tok=1,
+        interleave_moe_layer_step=2, max_position_embeddings=512, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None)).eval()
+    assert target.get_decoder() is target  # what transformers gives
+    assert T.target_decoder(target) is target.model
+    ids = torch.randint(3, V - 1, (1, 12))
+    with torch.no_grad():
+        feats, final = T.target_features(target, ids, [1, 2])
+        torch.testing.assert_close(target.get_output_embeddings()(final), target(ids).logits)
+    assert feats.shape == (1, 12, 128)
+    data = tmp_path / "data"
+    make_dataset(data, target, num_seqs=12)  # labels it through the same forward
+    trainer = T.Trainer(_cfg(data, tmp_path / "run"), target=target)
+    assert math.isfinite(trainer.train_step()["loss"])
+
+
+def test_training_embeds_the_block_as_generation_does():
+    """An embedding that normalises its rows (Inkling's `embed_norm`): generation embeds the drafter's block without
+    it (transformers' DFlash `_get_noise_embeds`), training embedded it with it (norms ~8 against ~0.15 here)."""
+    from transformers import GenerationConfig, InklingForCausalLM
+    from transformers.models.inkling.configuration_inkling import InklingTextConfig
+
+    from hf_xpress.generation import XPressCandidateGenerator
+
+    torch.manual_seed(0)
+    target = InklingForCausalLM(InklingTextConfig(
+        vocab_size=V, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        swa_num_attention_heads=4, swa_num_key_value_heads=2, swa_head_dim=16, sliding_window_size=8,
+        max_position_embeddings=512, intermediate_size=128, moe_intermediate_size=64, n_routed_experts=4,
+        num_experts_per_tok=2, n_shared_experts=1, rel_extent=16, bos_token_id=None, eos_token_id=None,
+        pad_token_id=None)).eval()
+    embed = target.get_input_embeddings()
+    assert embed.embed_norm is not None
+    drafter = XPressDrafterModel.from_target(target, num_hidden_layers=1, mask_token_id=V - 1, refiner_rank=8).eval()
+    served = XPressCandidateGenerator(target, drafter, GenerationConfig(max_length=64))._get_noise_embeds
+    block = torch.tensor([[5] + [V - 1] * 15])
+    with torch.no_grad():
+        assert not torch.allclose(embed(block), served(block))  # the norm matters
+        torch.testing.assert_close(T.noise_embeddings(embed, block), served(block))
+        tok = torch.randint(3, V - 1, (40,))
+        feats, finals = T.target_features(target, tok[None], list(drafter.config.target_layer_ids))
+    packed = T.pack_blocks(drafter, embed, target.get_output_embeddings(), [(tok, tok.clone(), 2)], [feats[0]],
+                           [finals[0]], anchors_per_seq=2, generator=torch.Generator().manual_seed(0))
+    first = packed.noise_embeds[0, :16]  # [anchor, mask x 15] of the first block
+    anchor = packed.blocks.anchor_prev[0, 1].item()
+    with torch.no_grad():
+        torch.testing.assert_close(first, served(torch.tensor([[anchor] + [V - 1] * 15]))[0])
+    assert embed.embed_norm is not None  # put back
+
+
 def test_trainer_refuses_a_target_whose_logits_it_cannot_reproduce(tmp_path):
     target, data, _ = _tiny_training_setup(tmp_path)
     forward = target.forward

@@ -748,7 +748,10 @@ class XPressDrafterModel(XPressPreTrainedModel):
         """
         check_supported_target(target)
         text = target.config.get_text_config()
-        heads = text.num_attention_heads
+        # Targets without attention heads (Mamba) or a position limit (BLOOM's ALiBi) still get a drafter: heads of
+        # width 64 (one head for narrower ones), and the default RoPE's 32768 positions; overrides come first.
+        heads = (overrides.get("num_attention_heads") or _target_field(text, "num_attention_heads")
+                 or (text.hidden_size // 64 if text.hidden_size % 64 == 0 else 1))
         kwargs = dict(
             vocab_size=text.vocab_size,
             hidden_size=text.hidden_size,
@@ -760,7 +763,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
             num_key_value_heads=_target_field(text, "num_key_value_heads", heads),
             head_dim=_target_field(text, "head_dim", text.hidden_size // heads),
             rms_norm_eps=_target_field(text, "rms_norm_eps", 1e-6),
-            max_position_embeddings=text.max_position_embeddings,
+            max_position_embeddings=_target_field(text, "max_position_embeddings", 32768),
             num_target_layers=text.num_hidden_layers,
             target_model_type=text.model_type,
             bos_token_id=text.bos_token_id,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM, StoppingCriteria
 
 import hf_xpress  # noqa: F401  (registers the Auto classes and the generate() hook)
 from hf_xpress import XPressDrafterModel
+from hf_xpress.generation import XPressCandidateGenerator
 
 torch.set_num_threads(1)  # tiny models: more threads only add overhead (and thrash under load)
 
@@ -101,3 +104,30 @@ class RecordingStreamer:
 
     def end(self):
         self.ended = True
+
+
+@pytest.fixture
+def oracle(monkeypatch):
+    """Replace the first `good` drafts of each round by the target's true continuation (random `good`), so that
+    rounds accept many tokens. Records the generator instance for inspection."""
+    state = {"continuation": None, "generators": []}
+    original = XPressCandidateGenerator.get_candidates
+    rng = random.Random(0)
+
+    def get_candidates(self, input_ids, **kwargs):
+        ids, logits = original(self, input_ids, **kwargs)
+        state["generators"].append(self)
+        if ids.shape[1] == input_ids.shape[1]:  # no drafts this round (logits are None under greedy anyway)
+            return ids, logits
+        state["last_draft_len"] = input_ids.shape[1]
+        start, n = input_ids.shape[1], ids.shape[1] - input_ids.shape[1]
+        truth = state["continuation"][start : start + n]
+        good = min(rng.randint(0, n), len(truth))
+        ids = ids.clone()
+        ids[0, start : start + good] = truth[:good]
+        if good < n:
+            ids[0, start + good] = (ids[0, start + good] + 1) % 126 if good >= len(truth) else (truth[good] + 1) % 126
+        return ids, logits
+
+    monkeypatch.setattr(XPressCandidateGenerator, "get_candidates", get_candidates)
+    return state

@@ -131,6 +131,13 @@ def add_branch(tokens: list[int], parents: list[int], branch: list[int]) -> tupl
     return tokens, parents
 
 
+def _uses_alibi(config) -> bool:
+    """Whether the target's attention adds ALiBi biases (BLOOM always; Falcon and MPT where configured)."""
+    text = config.get_text_config()
+    return (text.model_type == "bloom" or bool(getattr(text, "alibi", False))
+            or bool(getattr(getattr(text, "attn_config", None), "alibi", False)))
+
+
 def _check_cache(cache) -> None:
     """A clear error unless `cache` is a DynamicCache whose layers are all filled full-attention `DynamicLayer`s."""
     layers = getattr(cache, "layers", [])
@@ -257,6 +264,9 @@ def tree_decoding(
                          f"{mode.value} (penalty_alpha, dola_layers, constraints or force_words_ids).")
     if input_ids.shape[0] != 1:
         raise ValueError(f"tree_decoding supports batch size 1; got {input_ids.shape[0]}. Call generate once per prompt.")
+    if _uses_alibi(model.config):  # its attention bias is built from a 2D padding mask, not the tree's 4D one
+        raise ValueError(f"tree_decoding verifies a tree with a 4D attention mask, which {model.config.model_type}'s "
+                         "ALiBi attention does not take; use generate(..., assistant_model=drafter) (chains).")
     check_prompt_inputs(input_ids, model_kwargs)
     unknown = sorted(k for k, v in model_kwargs.items() if v is not None and k not in TREE_MODEL_INPUTS)
     if unknown:  # e.g. a vision-language target's pixel_values: the tree runs the target on token ids alone

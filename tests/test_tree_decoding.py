@@ -735,6 +735,25 @@ def test_a_sliding_window_target_is_refused_with_the_reason():
         _tree_generate(target, torch.randint(0, 126, (1, 5)), tiny_drafter(target), 2, max_new_tokens=4)
 
 
+@pytest.mark.parametrize("kind", ["bloom", "falcon"])
+def test_an_alibi_target_is_refused_with_the_reason(kind):
+    """ALiBi biases are built from a 2D padding mask: a tree's 4D mask crashed inside transformers' BLOOM / Falcon
+    (`build_alibi_tensor`: too many values to unpack); chains on them stay exact."""
+    from transformers import BloomConfig, BloomForCausalLM, FalconConfig, FalconForCausalLM
+
+    torch.manual_seed(0)
+    none = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    target = (BloomForCausalLM(BloomConfig(vocab_size=128, hidden_size=64, n_layer=2, n_head=4, **none)) if kind == "bloom"
+              else FalconForCausalLM(FalconConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2,
+                                                  num_attention_heads=4, alibi=True, **none))).eval()
+    ids = torch.randint(0, 126, (1, 5))
+    drafter = tiny_drafter(target)
+    with pytest.raises(ValueError, match=f"which {kind}'s ALiBi attention does not take"):
+        _tree_generate(target, ids, drafter, 2, max_new_tokens=4)
+    assert torch.equal(target.generate(ids, assistant_model=drafter, max_new_tokens=12, do_sample=False),
+                       target.generate(ids, max_new_tokens=12, do_sample=False))
+
+
 def test_package_exports_tree_decoding():
     assert hf_xpress.tree_decoding is tree_decoding
 

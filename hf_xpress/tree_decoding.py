@@ -138,10 +138,12 @@ def _uses_alibi(config) -> bool:
             or bool(getattr(getattr(text, "attn_config", None), "alibi", False)))
 
 
-def _check_cache(cache) -> None:
-    """A clear error unless `cache` is a DynamicCache whose layers are all filled full-attention `DynamicLayer`s."""
+def _check_cache(cache, filled: bool = True) -> None:
+    """A clear error unless `cache` is a DynamicCache whose layers are all full-attention `DynamicLayer`s, filled
+    (`filled=False`: a caller's cache before the prefill, whose layers may not hold anything yet)."""
     layers = getattr(cache, "layers", [])
-    if not isinstance(cache, DynamicCache) or not all(type(l) is DynamicLayer and l.is_initialized for l in layers):
+    if not isinstance(cache, DynamicCache) or not all(type(l) is DynamicLayer and (l.is_initialized or not filled)
+                                                      for l in layers):
         kinds = sorted({type(layer).__name__ for layer in getattr(cache, "layers", [])})
         raise ValueError(
             f"tree decoding needs a DynamicCache of full-attention layers (DynamicLayer), to keep the accepted path's "
@@ -287,6 +289,8 @@ def tree_decoding(
     cache = model_kwargs.get("cache")
     if cache is None:
         cache = DynamicCache(config=model.config)
+    else:  # before the prefill, which would fill a cache the tree then refuses
+        _check_cache(cache, filled=False)
     generator = XPressCandidateGenerator(model, drafter, generation_config, logits_processor, tokenizer)
     if lookup_branch and generator.lookup is None:
         raise ValueError("lookup_branch=True adds prompt lookup's continuation to the tree: it needs "

@@ -735,23 +735,40 @@ def test_a_sliding_window_target_is_refused_with_the_reason():
         _tree_generate(target, torch.randint(0, 126, (1, 5)), tiny_drafter(target), 2, max_new_tokens=4)
 
 
-@pytest.mark.parametrize("kind", ["bloom", "falcon"])
+@pytest.mark.parametrize("kind", ["bloom", "falcon", "mpt"])
 def test_an_alibi_target_is_refused_with_the_reason(kind):
-    """ALiBi biases are built from a 2D padding mask: a tree's 4D mask crashed inside transformers' BLOOM / Falcon
-    (`build_alibi_tensor`: too many values to unpack); chains on them stay exact."""
-    from transformers import BloomConfig, BloomForCausalLM, FalconConfig, FalconForCausalLM
+    """ALiBi biases come from a 2D padding mask (BLOOM, Falcon) or each key's index in the cache (MPT), not from the
+    tree's 4D mask and depth positions: trees crashed inside transformers on the first two and silently returned other
+    tokens than plain generate on MPT. Chains on BLOOM / Falcon stay exact (MPT has no cache for any assistant)."""
+    from transformers import (BloomConfig, BloomForCausalLM, FalconConfig, FalconForCausalLM, MptConfig,
+                              MptForCausalLM)
 
     torch.manual_seed(0)
     none = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    target = (BloomForCausalLM(BloomConfig(vocab_size=128, hidden_size=64, n_layer=2, n_head=4, **none)) if kind == "bloom"
-              else FalconForCausalLM(FalconConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2,
-                                                  num_attention_heads=4, alibi=True, **none))).eval()
+    target = {
+        "bloom": lambda: BloomForCausalLM(BloomConfig(vocab_size=128, hidden_size=64, n_layer=2, n_head=4, **none)),
+        "falcon": lambda: FalconForCausalLM(FalconConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2,
+                                                         num_attention_heads=4, alibi=True, **none)),
+        "mpt": lambda: MptForCausalLM(MptConfig(vocab_size=128, d_model=64, n_layers=2, n_heads=4, max_seq_len=256,
+                                                **none)),
+    }[kind]().eval()
     ids = torch.randint(0, 126, (1, 5))
     drafter = tiny_drafter(target)
     with pytest.raises(ValueError, match=f"which {kind}'s ALiBi attention does not take"):
         _tree_generate(target, ids, drafter, 2, max_new_tokens=4)
-    assert torch.equal(target.generate(ids, assistant_model=drafter, max_new_tokens=12, do_sample=False),
-                       target.generate(ids, max_new_tokens=12, do_sample=False))
+    if kind != "mpt":
+        assert torch.equal(target.generate(ids, assistant_model=drafter, max_new_tokens=12, do_sample=False),
+                           target.generate(ids, max_new_tokens=12, do_sample=False))
+
+
+def test_a_callers_static_cache_is_refused_before_the_prefill(target):
+    """The refusal came after the prefill had already filled the caller's cache."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=target.config, max_cache_len=64)
+    with pytest.raises(ValueError, match="tree decoding needs a DynamicCache of full-attention layers"):
+        _tree_generate(target, torch.randint(0, 126, (1, 5)), tiny_drafter(target), 2, max_new_tokens=4, cache=cache)
+    assert cache.get_seq_length() == 0
 
 
 def test_package_exports_tree_decoding():

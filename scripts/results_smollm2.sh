@@ -284,6 +284,12 @@ case "${1:-all}" in
     hf-xpress bench --block-only --drafter drafters/smollm2-135m-xpress-b16 --dtype bfloat16 --threads 2 \
       --block-repeats 100 --shortlist 64 --block-compiled --out "results/block-smollm2-bf16-sl64-run11${2:-}" --no-progress
     ;;
+  block11-profile)
+    # Thirty-third session: the same, with the operator profile (--block-profile) and the goal's interleaved timing.
+    hf-xpress bench --block-only --drafter drafters/smollm2-135m-xpress-b16 --dtype bfloat16 --threads 2 \
+      --block-repeats 100 --shortlist 64 --block-profile --out "results/block-smollm2-bf16-sl64-run11-profile${2:-}" \
+      --no-progress
+    ;;
   draft-vocab)
     # The third run's drafters with their training vocabulary (8,192 tokens) as draft vocabulary, against the whole
     # vocabulary, at the shipped settings (2 drafts); copies under runs/draft-vocab.

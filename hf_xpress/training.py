@@ -938,16 +938,15 @@ def target_logit_scaling(target: Any) -> Callable[[torch.Tensor], torch.Tensor] 
     `logits_scaling` (divides), Gemma 2 / 3's `final_logit_softcapping` (`cap * tanh(logits / cap)`). p_target, the
     TV loss's distribution, must be the target's real one; argmax labels need none of these (each keeps the order)."""
     text = target.config.get_text_config()
-    scale = getattr(text, "logit_scale", None)
-    divide = getattr(text, "logits_scaling", None)
-    cap = getattr(text, "final_logit_softcapping", None)
-    if scale in (None, 1, 1.0) and divide in (None, 1, 1.0) and not cap:
+    scale, divide, cap = (getattr(text, name, None) for name in ("logit_scale", "logits_scaling", "final_logit_softcapping"))
+    scale, divide = (None if value in (None, 1) else value for value in (scale, divide))  # 1: the identity
+    if scale is None and divide is None and not cap:
         return None
 
     def scaled(logits: torch.Tensor) -> torch.Tensor:
-        if scale not in (None, 1, 1.0):
+        if scale is not None:
             logits = logits * scale
-        if divide not in (None, 1, 1.0):
+        if divide is not None:
             logits = logits / divide
         if cap:
             logits = torch.tanh(logits / cap) * cap

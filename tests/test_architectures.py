@@ -3,7 +3,7 @@ many drafts), and the trainer reads each target's features and logits as its own
 
 One tiny random model per family whose layout differs in a way the drafter or the trainer depends on: attention
 (grouped, multi-query, sliding-window, ALiBi, latent, none), MoE, logit scalings, tied and untied heads, decoders
-stored under unusual attribute names. A wider ad-hoc sweep (about 75 architectures) found nothing these miss.
+stored under unusual attribute names, picked from a wider ad-hoc sweep (not committed).
 """
 
 from __future__ import annotations

@@ -187,13 +187,21 @@ def _fits(ids: list[int], prompt_len: int, max_len: int, max_prompt: int) -> lis
 
 
 def sharegpt_exchanges(limit: int | None, skip: int = 0) -> Iterator[tuple[str, list[dict]]]:
-    """`(id, [user, assistant])`: the first exchange of ShareGPT conversations, in file order."""
+    """`(id, [user, assistant])`: the first exchange of ShareGPT conversations, in file order. `limit` and `skip`
+    count conversations (`--num-prompts`, `--skip-prompts`); those without an answered first exchange are left out,
+    and how many is printed once the conversations are read."""
     from .assets import load_sharegpt_conversations
 
+    unanswered = 0
     for record in load_sharegpt_conversations(None if limit is None else skip + limit)[skip:]:
         msgs = record.messages
         if len(msgs) >= 2 and msgs[0]["role"] == "user" and msgs[1]["role"] == "assistant" and msgs[1]["content"].strip():
             yield record.id, msgs[:2]
+        else:
+            unanswered += 1
+    if unanswered:
+        print(f"[data] sharegpt: left out {unanswered} conversations without an answered first exchange (--num-prompts "
+              "counts conversations)", flush=True)
 
 
 def jsonl_exchanges(path: str, limit: int | None) -> Iterator[tuple[str, list[dict]]]:

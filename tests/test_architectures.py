@@ -2,7 +2,7 @@
 many drafts), and the trainer reads each target's features and logits as its own forward gives them.
 
 One tiny random model per family whose layout differs in a way the drafter or the trainer depends on: attention
-(grouped, multi-query, sliding-window, ALiBi, latent, none), MoE, logit scalings, tied and untied heads, decoders
+(grouped, multi-query, sliding-window, ALiBi, latent, none), partial rotary, MoE, logit scalings, tied and untied heads, decoders
 stored under unusual attribute names, picked from a wider ad-hoc sweep (not committed).
 """
 
@@ -38,6 +38,8 @@ ARCHITECTURES = {
                                         final_logit_softcapping=2.0),
     "gemma3": _std("Gemma3TextConfig", "Gemma3ForCausalLM", head_dim=16, sliding_window=8),
     "phi3": _std("Phi3Config", "Phi3ForCausalLM"),
+    "phi (partial rotary, scaled RoPE)": _std("PhiConfig", "PhiForCausalLM", rope_parameters={
+        "rope_type": "linear", "factor": 2.0, "rope_theta": 10_000.0, "partial_rotary_factor": 0.5}),
     "granite (scaled logits)": _std("GraniteConfig", "GraniteForCausalLM", logits_scaling=4.0,
                                     embedding_multiplier=12.0),
     "cohere (scaled logits)": _std("CohereConfig", "CohereForCausalLM", logit_scale=0.25),

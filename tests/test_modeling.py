@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers.cache_utils import DynamicCache
@@ -65,6 +67,41 @@ def test_from_target_rotates_positions_as_the_target_does(tmp_path, kind, rope):
         assert model.config.rope_parameters["rope_type"] == rope["rope_type"]
         for got, want in zip(model.rotary_emb(x, positions), expected):
             torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rope_type", ["default", "linear"])
+def test_drafter_rotates_whole_heads_under_a_partially_rotating_target(tmp_path, caplog, rope_type):
+    """A target that rotates part of each head (Phi, GLM, StableLM) gets a drafter that rotates whole heads, as the
+    drafter always did with the default RoPE: `partial_rotary_factor` is not copied (a scaled RoPE read it, built
+    frequencies for fewer dimensions than the heads have and crashed in the drafter's attention), and a config that
+    names one drops it with a warning."""
+    import transformers as tf
+    from transformers.utils import logging as hf_logging
+
+    rope = {"rope_type": rope_type, "rope_theta": 10_000.0, "partial_rotary_factor": 0.5,
+            **({"factor": 2.0} if rope_type == "linear" else {})}
+    torch.manual_seed(0)
+    target = tf.PhiForCausalLM(tf.PhiConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                            num_attention_heads=4, max_position_embeddings=256,
+                                            rope_parameters=dict(rope))).eval()
+    drafter = XPressDrafterModel.from_target(target, num_hidden_layers=1, mask_token_id=127)
+    assert "partial_rotary_factor" not in drafter.config.rope_parameters
+    assert drafter.rotary_emb.inv_freq.shape == (drafter.config.head_dim // 2,)
+    ids = torch.randint(0, 127, (1, 7), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(target.generate(ids, assistant_model=drafter, max_new_tokens=12, do_sample=False),
+                       target.generate(ids, max_new_tokens=12, do_sample=False))
+    drafter.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["rope_parameters"] = rope  # as a drafter built by an earlier version saved it
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    hf_logging.enable_propagation()
+    hf_logging.warning_once.cache_clear()
+    with caplog.at_level("WARNING"):
+        loaded = XPressDrafterModel.from_pretrained(tmp_path)
+    assert "partial_rotary_factor 0.5 (rope_parameters) dropped" in caplog.text
+    assert loaded.config.rope_parameters == drafter.config.rope_parameters
+    torch.testing.assert_close(loaded.rotary_emb.inv_freq, drafter.rotary_emb.inv_freq, rtol=0, atol=0)
+    assert rope["partial_rotary_factor"] == 0.5  # the caller's dict is not changed
 
 
 @pytest.mark.parametrize(

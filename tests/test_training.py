@@ -1081,6 +1081,24 @@ def test_jsonl_rows_are_checked_with_their_line(tmp_path):
         list(T.jsonl_exchanges(str(path), None))
 
 
+def test_sharegpt_exchanges_count_conversations_and_say_how_many_had_no_answer(monkeypatch, capsys):
+    from hf_xpress import assets
+
+    def conv(i, *turns):
+        return assets.PromptRecord(f"c{i}", "sharegpt", [{"role": r, "content": c} for r, c in turns])
+
+    records = [conv(0, ("user", "a"), ("assistant", "b")), conv(1, ("user", "a")), conv(2, ("user", "a"), ("assistant", " ")),
+               conv(3, ("user", "x"), ("assistant", "y"), ("user", "z")), conv(4, ("user", "q"), ("assistant", "r"))]
+    monkeypatch.setattr(assets, "load_sharegpt_conversations", lambda limit: records[:limit])
+    assert [i for i, _ in T.sharegpt_exchanges(4, skip=0)] == ["c0", "c3"]
+    assert "left out 2 conversations without an answered first exchange" in capsys.readouterr().out
+    assert [m for _, m in T.sharegpt_exchanges(2, skip=3)] == [[{"role": "user", "content": "x"},
+                                                                  {"role": "assistant", "content": "y"}],
+                                                                 [{"role": "user", "content": "q"},
+                                                                  {"role": "assistant", "content": "r"}]]
+    assert "left out" not in capsys.readouterr().out
+
+
 def test_data_command_writes_a_dataset_that_loads(tmp_path):
     Tok = _CharTok  # noqa: N806
     target = tiny_llama()

@@ -8,6 +8,9 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 
 # Integer fields, all of them sizes that must be at least 1 (the first 8: the model's, checked together), and those
@@ -161,7 +164,24 @@ class XPressDrafterConfig(PreTrainedConfig):
             self.layer_types = ["full_attention"] * self.num_hidden_layers
         self.causal_layers = sorted(int(i) for i in self.causal_layers or [])
         super().__post_init__(**kwargs)
+        self._drop_partial_rotary()
         self._check_values()  # the types were checked first, above
+
+    def _drop_partial_rotary(self) -> None:
+        """The drafter's Qwen3 layers rotate whole heads (as z-lab's drafters and vLLM's dFlash model do), whatever
+        the target does: a `partial_rotary_factor` (Phi, StableLM, GLM, GPT-NeoX targets) is removed, with a warning
+        when it said anything but 1. A default-RoPE drafter always ignored it (the same rotation as before); a scaled
+        RoPE (linear, YaRN, longrope, ...) read it and rotated fewer dimensions than the heads have (a crash)."""
+        rope = self.rope_parameters
+        factors = {"config": self.__dict__.pop("partial_rotary_factor", None)}
+        if isinstance(rope, dict) and "partial_rotary_factor" in rope:  # a copy: the caller's dict stays as it was
+            factors["rope_parameters"] = rope["partial_rotary_factor"]
+            self.rope_parameters = {k: v for k, v in rope.items() if k != "partial_rotary_factor"}
+        said = [f"{v!r} ({where})" for where, v in factors.items() if v is not None and v != 1]
+        if said:
+            logger.warning_once(
+                f"XPressDrafterConfig: partial_rotary_factor {', '.join(said)} dropped: the drafter's layers rotate "
+                "whole heads (the target's own partial rotation is unaffected).")
 
     def _check_types(self) -> None:
         """Raise a `ValueError` naming the first field of the wrong type (a size or id that is not an integer, a list

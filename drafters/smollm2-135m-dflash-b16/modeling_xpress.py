@@ -775,8 +775,9 @@ class XPressDrafterModel(XPressPreTrainedModel):
         rope = getattr(text, "rope_parameters", None)
         if rope and all(isinstance(v, dict) for v in rope.values()):  # one per layer type (Gemma 3, OLMo 3, ...)
             rope = rope.get("full_attention") or next(iter(rope.values()))  # the drafter's layers attend fully
-        if rope:  # theta and any scaling (llama3, YaRN, ...): drafter and target rotate each position alike
-            kwargs["rope_parameters"] = dict(rope)
+        if rope:  # theta and any scaling (llama3, YaRN, ...): drafter and target rotate each position alike; the
+            # drafter rotates whole heads, so a partial rotation (Phi, GLM, ...) stays the target's
+            kwargs["rope_parameters"] = {k: v for k, v in rope.items() if k != "partial_rotary_factor"}
         if "mask_token_id" not in overrides and kwargs["mask_token_id"] == text.vocab_size - 1:
             logger.warning(
                 "XPressDrafterModel.from_target: mask_token_id defaults to the last vocabulary id (%d). It must be an "

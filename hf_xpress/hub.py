@@ -100,6 +100,52 @@ def render_model_card(
     )
 
 
+CARRIED_SECTIONS = ("Training", "Measured acceptance", "Limitations")
+_CARD_MARKER = "made with [hf-xpress]"
+
+
+def card_sections(folder: str | os.PathLike) -> dict[str, str]:
+    """The Training / Measured acceptance / Limitations sections of the hf-xpress model card in `folder`'s
+    `README.md` (`{heading: text}`); `{}` when there is no such card (none, or another project's)."""
+    path = Path(folder) / "README.md"
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return {}
+    if _CARD_MARKER not in text:
+        return {}
+    sections: dict[str, str] = {}
+    for part in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
+        heading, _, body = part.partition("\n")
+        if heading.strip() in CARRIED_SECTIONS:
+            sections[heading.strip()] = body.strip()
+    return sections
+
+
+def _carried_sections(drafter) -> dict[str, str]:
+    """`card_sections` of the folder `drafter` was loaded from, when its weights are still that folder's (a card's
+    training and measured acceptance describe those weights, not a refiner attached or trained since)."""
+    folder = Path(str(getattr(drafter, "name_or_path", "") or ""))
+    sections = card_sections(folder) if folder.is_dir() else {}
+    if not sections:
+        return {}
+    from .conversion import ConversionError, read_state_dict
+
+    try:
+        saved = read_state_dict(folder)
+    except ConversionError:
+        return {}
+    state = drafter.state_dict()
+    if saved.keys() != state.keys() or not all(
+        torch.equal(saved[k], state[k].detach().to("cpu", saved[k].dtype)) for k in saved
+    ):
+        logger.warning("%s has a model card, but the drafter's weights are no longer the ones saved there: its "
+                       "training and measured acceptance are not carried into the new card.", folder)
+        return {}
+    logger.info("Model card sections %s carried from %s.", ", ".join(sections), folder)
+    return sections
+
+
 def write_model_card(folder: str | os.PathLike, **facts) -> Path:
     """Write `README.md` into a saved drafter folder; `facts` are `render_model_card`'s keyword arguments."""
     folder = Path(folder)
@@ -222,9 +268,9 @@ def publish(
     *,
     target: str,
     repo_id: str | None = None,
-    training: str = "Not documented.",
+    training: str | None = None,
     results: dict[str, dict[str, float]] | str | None = None,
-    limitations: str = "Trained on a small budget; see the training section.",
+    limitations: str | None = None,
     license: str = "apache-2.0",
     name: str | None = None,
     custom_generate: bool = True,
@@ -238,7 +284,9 @@ def publish(
     `folder_or_repo_id`: a local folder (written as it would be uploaded), or a Hub repo id (`user/name`; written to a
     temporary folder, then uploaded). `push` forces either reading. `repo_id` is the name used in the model card and
     by `custom_generate/` (defaults to the repo id, or the folder name). `target` names the target model (card,
-    `base_model`). Returns the folder, or the repo URL after an upload.
+    `base_model`). `training`, `results`, `limitations`: the card's sections; those not given come from the model card
+    of the folder the drafter was loaded from (`hf-xpress ship` writes one) while its weights are unchanged, else
+    "Not documented." / "Not measured yet." / a small-budget note. Returns the folder, or the repo URL after an upload.
     """
     destination = str(folder_or_repo_id)
     push = _is_repo_id(destination) if push is None else push
@@ -267,6 +315,11 @@ def publish(
     if repo_id is not None:
         _check_repo_id(repo_id)
     _check_publishable(drafter)
+    carried = _carried_sections(drafter) if None in (training, results, limitations) else {}
+    training = training if training is not None else carried.get("Training", "Not documented.")
+    results = results if results is not None else carried.get("Measured acceptance")
+    limitations = limitations if limitations is not None else carried.get(
+        "Limitations", "Trained on a small budget; see the training section.")
     folder = Path(destination).expanduser()
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{folder} exists and is not a folder: publish writes a folder (what is uploaded) there.")
@@ -324,7 +377,7 @@ def _run_push(args) -> int:
         raise ValueError(f"--training {training!r}: no such file (pass the description's text, or a "
                          "file that exists)")
     where = publish(
-        drafter, args.destination, target=args.target, repo_id=args.repo_id, training=training or "Not documented.",
+        drafter, args.destination, target=args.target, repo_id=args.repo_id, training=training or None,
         results=results, custom_generate=not args.no_custom_generate, private=args.private,
         push=True if args.push else (False if args.local else None),
     )
@@ -346,8 +399,9 @@ def add_push_parser(subparsers) -> None:
     parser.add_argument("--base", help="drafter folder the refiner .pt belongs to, when SOURCE is a .pt")
     parser.add_argument("--target-config", help="target config folder / id when the checkpoint lacks vocabulary or depth")
     add_reading_options(parser)  # as `hf-xpress convert`: any checkpoint it reads publishes in one step
-    parser.add_argument("--training", help="training description (text, or a file holding it)")
-    parser.add_argument("--results", help="JSON file {set: {method: tau}} for the card's table")
+    parser.add_argument("--training", help="training description (text, or a file holding it); default: the source "
+                        "folder's model card's, while the weights are the ones saved there")
+    parser.add_argument("--results", help="JSON file {set: {method: tau}} for the card's table; default: as --training")
     parser.add_argument("--private", action="store_true")
     parser.add_argument("--no-custom-generate", action="store_true", help="do not write custom_generate/")
     where = parser.add_mutually_exclusive_group()
@@ -358,6 +412,7 @@ def add_push_parser(subparsers) -> None:
 
 __all__ = [
     "PublishError",
+    "card_sections",
     "add_push_parser",
     "publish",
     "push_to_hub",

@@ -537,3 +537,33 @@ def test_concurrent_recipe_calls_on_one_target_keep_their_own_settings(published
     assert first.stats.rounds > 0 and set(first.stats.passes) == {0}  # the first call's own jacobi_passes
     assert set(second.stats.passes) - {0}  # the second call's: the drafter's (3)
     assert "_get_candidate_generator" not in vars(target)  # nothing left on the model
+
+
+def test_push_keeps_the_source_cards_training_and_measurements_while_the_weights_are_its(published, tmp_path, caplog):
+    """`hf-xpress ship` writes the card; a later push of that folder keeps its Training, Measured acceptance and
+    Limitations (they were replaced by "Not documented."), unless given anew or the weights changed since."""
+    from hf_xpress.cli import main
+    from transformers.utils import logging as hf_logging
+
+    source = published["folder"]
+    sections = hub.card_sections(source)
+    assert sections["Training"] == "Random weights, for tests."
+    assert "| gsm8k | 6.48 | 10.11 |" in sections["Measured acceptance"]
+    assert main(["push", str(source), str(tmp_path / "again"), "--target", "t", "--local"]) == 0
+    assert hub.card_sections(tmp_path / "again") == sections
+    assert main(["push", str(source), str(tmp_path / "new"), "--target", "t", "--local", "--training", "Retold."]) == 0
+    assert hub.card_sections(tmp_path / "new") == {**sections, "Training": "Retold."}
+    changed = XPressDrafterModel.from_pretrained(source)
+    with torch.no_grad():
+        changed.refiner.w1.weight.add_(1.0)  # trained further since the card was written
+    hf_logging.enable_propagation()
+    with caplog.at_level("WARNING"):
+        hub.publish(changed, tmp_path / "changed", target="t")
+    assert "weights are no longer the ones saved there" in caplog.text
+    assert hub.card_sections(tmp_path / "changed") == {"Training": "Not documented.",
+                                                       "Measured acceptance": "Not measured yet.",
+                                                       "Limitations": "Trained on a small budget; see the training "
+                                                                      "section."}
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "README.md").write_text("# Someone's model\n\n## Training\n\nTheirs.\n")
+    assert hub.card_sections(tmp_path / "other") == {}  # another project's card is never read as ours

@@ -732,7 +732,8 @@ def install() -> None:
       so the `streamer` that `generate` has already fed the prompt to, and the `tokenizer` its stop strings need,
       never reach the callable. For callables marked `takes_generate_streamer` (`tree_decoding`) they are passed on.
       It is also the first step of `generate` that sees the assistant: an xPress drafter for another target is
-      refused there, by name (transformers' own check, next, would blame the tokenizers).
+      refused there, by name (transformers' own check, next, would blame the tokenizers), and the drafter's `stats`
+      are cleared, so a call that does not draft (refused, or beam search) never shows the previous call's.
     """
     original = GenerationMixin._get_candidate_generator
     if getattr(original, "_hf_xpress", False):
@@ -776,8 +777,11 @@ def install() -> None:
     def _extract_generation_mode_kwargs(self, *args, **kwargs):
         bound = extract_signature.bind(self, *args, **kwargs)
         assistant = bound.arguments.get("assistant_model")
-        if is_xpress_drafter(assistant):  # before transformers' checks, which blame tokenizers for another vocabulary
-            check_compatible(self.config, assistant.config)
+        if is_xpress_drafter(assistant):
+            # A call that ends up not drafting (refused, or beam search, which transformers runs without the
+            # assistant) must not leave the previous call's figures; the generator sets this call's.
+            assistant.stats = None
+            check_compatible(self.config, assistant.config)  # before transformers' checks, which blame tokenizers
         tokenizer = (bound.arguments.get("kwargs") or {}).get("tokenizer")  # the original pops it
         out = original_extract(self, *args, **kwargs)
         if getattr(bound.arguments.get("custom_generate"), "takes_generate_streamer", False):

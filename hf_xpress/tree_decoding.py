@@ -242,6 +242,7 @@ def tree_decoding(
         raise ValueError("tree_decoding needs drafter=<an xPress drafter>, e.g. generate(ids, custom_generate="
                          "hf_xpress.tree_decoding, drafter=drafter); got "
                          f"{'nothing' if drafter is None else type(drafter).__name__}.")
+    drafter.stats = None  # a call refused below records nothing: never the previous call's figures
     for name, value, optional in (("tree_width", tree_width, False), ("tree_budget", tree_budget, True)):
         if not (value is None and optional) and not _is_integer(value):
             raise ValueError(f"{name} must be an integer{' or None' if optional else ''}, got {value!r}.")
@@ -286,9 +287,13 @@ def tree_decoding(
     positions = model_kwargs.get("position_ids")
     if positions is not None and not torch.equal(positions.cpu(), torch.arange(input_ids.shape[1])[None]):
         raise ValueError("tree_decoding places the prompt at positions 0..n-1 and does not take position_ids.")
+    # The model's own cache layout decides, also when the caller passes a cache: a plain DynamicCache() has
+    # full-attention layers whatever the model is, and the tree's 4D mask would replace a sliding-window layer's.
+    own = DynamicCache(config=model.config)
+    _check_cache(own, filled=False)
     cache = model_kwargs.get("cache")
     if cache is None:
-        cache = DynamicCache(config=model.config)
+        cache = own
     else:  # before the prefill, which would fill a cache the tree then refuses
         _check_cache(cache, filled=False)
     generator = XPressCandidateGenerator(model, drafter, generation_config, logits_processor, tokenizer)

@@ -12,6 +12,7 @@ from transformers import (GenerationConfig, GenerationMixin, LogitsProcessor, Lo
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 from transformers.generation.streamers import BaseStreamer
 
+import hf_xpress
 from hf_xpress import XPressDrafterModel, generation
 from hf_xpress.generation import XPressCandidateGenerator, check_generation_options
 from hf_xpress.modeling_xpress import DraftProposal, _full_vocabulary
@@ -906,6 +907,28 @@ def test_drafter_for_another_target_is_refused_by_generate():
     wide = tiny_target("llama", hidden_size=32, num_attention_heads=2, num_key_value_heads=1)
     with pytest.raises(ValueError, match="hidden size: target 64, drafter 32"):
         target.generate(torch.tensor([[1, 2]]), assistant_model=tiny_drafter(wide), max_new_tokens=5)
+
+
+def test_stats_never_describe_an_earlier_call(target):
+    """`drafter.stats` is the latest call's: a call that did not draft (beam search, which transformers runs without
+    the assistant; a refused call; a refused tree) leaves None, not the call before's figures."""
+    drafter, ids = tiny_drafter(target), torch.randint(0, 126, (1, 6), generator=torch.Generator().manual_seed(3))
+
+    def drafting_call():
+        target.generate(ids, assistant_model=drafter, max_new_tokens=12, do_sample=False)
+        assert drafter.stats is not None and drafter.stats.rounds > 0
+
+    drafting_call()
+    target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False, num_beams=2)
+    assert drafter.stats is None
+    drafting_call()
+    with pytest.raises(ValueError, match="built for another target"):
+        tiny_target("qwen3", num_hidden_layers=4).generate(ids, assistant_model=drafter, max_new_tokens=4)
+    assert drafter.stats is None
+    drafting_call()
+    with pytest.raises(ValueError, match="tree_width must be at least 1"):
+        target.generate(ids, custom_generate=hf_xpress.tree_decoding, drafter=drafter, tree_width=0, max_new_tokens=4)
+    assert drafter.stats is None
 
 
 def test_output_hidden_states_with_return_dict(target):

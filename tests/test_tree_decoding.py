@@ -729,10 +729,18 @@ def test_generates_own_streamer_and_stop_strings_reach_the_tree(target):
 
 
 def test_a_sliding_window_target_is_refused_with_the_reason():
+    """Also when the caller passes a plain DynamicCache(), whose layers are full-attention whatever the model: the
+    tree's 4D mask then replaced the sliding-window mask and verify forwards attended past the window (other tokens
+    than plain generate, gaps far from ties; found by a helper's sweep)."""
+    from transformers import DynamicCache
+
     target = tiny_target("qwen3", layer_types=["sliding_attention", "full_attention"] * 3, sliding_window=8,
                          use_sliding_window=True)
-    with pytest.raises(ValueError, match="DynamicCache of full-attention layers"):
-        _tree_generate(target, torch.randint(0, 126, (1, 5)), tiny_drafter(target), 2, max_new_tokens=4)
+    drafter = tiny_drafter(target)
+    for cache in ({}, {"cache": DynamicCache()}):
+        with pytest.raises(ValueError, match="DynamicCache of full-attention layers"):
+            _tree_generate(target, torch.randint(0, 126, (1, 5)), drafter, 2, max_new_tokens=4, **cache)
+        assert cache.get("cache", DynamicCache()).get_seq_length() == 0  # refused before the prefill
 
 
 @pytest.mark.parametrize("kind", ["bloom", "falcon", "mpt"])

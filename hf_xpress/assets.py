@@ -553,8 +553,8 @@ def _jsonl_lines(path: str | Path) -> Iterator[tuple[str, int, Any]]:
     with open(path, "rb") as f:  # bytes, decoded line by line: a decoding error names its line
         for lineno, raw in enumerate(f, start=1):
             where = f"{path}:{lineno}"
-            try:
-                line = raw.decode("utf-8")
+            try:  # a byte-order mark (files saved by some Windows editors) opens the first line only
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as exc:
                 raise ValueError(f"{where}: not UTF-8 text ({exc})") from None
             if not line.strip():

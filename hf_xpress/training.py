@@ -60,6 +60,7 @@ from .modeling_xpress import (
     XPressDrafterModel,
     XPressMarkovHead,
     XPressRefiner,
+    _target_field,
     check_compatible,
     default_mask_token_id,
     top_candidates,
@@ -107,16 +108,25 @@ class Dataset:
         folder = Path(folder)
         if not (folder / "manifest.json").exists():
             raise FileNotFoundError(f"{folder}: no dataset here (no manifest.json); build one with `hf-xpress data`")
-        manifest = json.loads((folder / "manifest.json").read_text())
-        offsets = np.load(folder / "offsets.npy")
+        def read(name: str, what: Callable[[Path], Any]) -> Any:  # a damaged file is named, with its folder
+            try:
+                return what(folder / name)
+            except (OSError, ValueError, EOFError) as err:  # json / numpy errors name neither
+                raise ValueError(f"{folder}: the dataset's {name} is damaged or incomplete ({type(err).__name__}: "
+                                 f"{err}); rebuild it with `hf-xpress data`, or restore it (it is committed)") from err
+
+        manifest = read("manifest.json", lambda p: json.loads(p.read_text()))
+        if not isinstance(manifest, dict):
+            raise ValueError(f"{folder}: the dataset's manifest.json is not a JSON object")
+        offsets = read("offsets.npy", np.load)
         n = int(manifest.get("num_sequences", len(offsets) - 1))
         if n > len(offsets) - 1:
             raise ValueError(f"{folder}: manifest.json lists {n} sequences but offsets.npy holds {len(offsets) - 1}")
         return cls(
-            tokens=np.load(folder / "tokens.npy", mmap_mode="r"),
-            labels=np.load(folder / "labels.npy", mmap_mode="r"),
+            tokens=read("tokens.npy", lambda p: np.load(p, mmap_mode="r")),
+            labels=read("labels.npy", lambda p: np.load(p, mmap_mode="r")),
             offsets=offsets[: n + 1],
-            prompt_lens=np.load(folder / "prompt_lens.npy")[:n],
+            prompt_lens=read("prompt_lens.npy", np.load)[:n],
             manifest=manifest,
         )
 
@@ -211,9 +221,13 @@ def jsonl_exchanges(path: str, limit: int | None) -> Iterator[tuple[str, list[di
     from .assets import _check_limit, _checked_message, jsonl_rows
 
     _check_limit(limit)
-    for where, lineno, row in itertools.islice(jsonl_rows(path), limit):
+    rows = jsonl_rows(path)
+    for where, lineno, row in itertools.islice(rows, limit):
         if isinstance(row, dict) and isinstance(row.get("messages"), list) and row["messages"]:
             msgs = [_checked_message(m, where) for m in row["messages"]]
+            if not any(m["role"] == "user" for m in msgs):  # the chat template's own error named no row
+                raise ValueError(f"{where}: a chat needs a user message (roles here: "
+                                 f"{', '.join(m['role'] for m in msgs)})")
         elif isinstance(row, dict) and isinstance(row.get("prompt"), str):
             msgs = [{"role": "user", "content": row["prompt"]}]
         else:
@@ -224,6 +238,14 @@ def jsonl_exchanges(path: str, limit: int | None) -> Iterator[tuple[str, list[di
         content = hashlib.sha256(json.dumps(msgs, sort_keys=True).encode()).hexdigest()[:16]
         given = row.get("id")
         yield (f"{Path(path).stem}/{lineno}:{content}" if given is None else str(given)), msgs
+    if limit is not None:
+        try:
+            more = next(rows, None) is not None
+        except ValueError:  # a malformed row past the limit: there is more, unread
+            more = True
+        if more:
+            print(f"[data] {path}: its first {limit} rows read (--num-prompts {limit}); the rest of the file is left "
+                  "out", flush=True)
 
 
 def _stdlib_files() -> tuple[Path, list[str]]:
@@ -839,6 +861,9 @@ class FeatureCache:
     def __init__(self, folder: str | os.PathLike, num_tokens: int, width: int, layer_ids: list[int], mode: str = "r",
                  data: Dataset | None = None, target: Any | None = None):
         self.folder = Path(folder)
+        if self.folder.exists() and not self.folder.is_dir():
+            raise ValueError(f"--feature-cache {self.folder} is a file; the feature cache is a folder (new or one "
+                             "this data's labelling filled)")
         self.layer_ids = list(layer_ids)
         self.width = width
         fingerprint = None if target is None else target_fingerprint(target)
@@ -1153,6 +1178,14 @@ def collect_sequences(args: argparse.Namespace, target: Any, tokenizer: Any, out
     return seqs
 
 
+def parse_layer_ids(text: str) -> list[int]:
+    """`--layer-ids` ("1,14,27") as a list of ints; a `ValueError` naming the option otherwise."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--layer-ids takes comma-separated layer numbers, got {text!r}") from None
+
+
 def _check_data_numbers(args: argparse.Namespace) -> list[int] | None:
     """Refuse `hf-xpress data` options that would fail late (after hours of regeneration) or silently do something
     else (a negative count slices from the end), naming the option; returns the parsed --layer-ids."""
@@ -1167,14 +1200,11 @@ def _check_data_numbers(args: argparse.Namespace) -> list[int] | None:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out} is a file, not a dataset folder")
-    layer_ids = None
-    if args.layer_ids:
-        try:
-            layer_ids = [int(x) for x in args.layer_ids.split(",")]
-        except ValueError:
-            raise ValueError(f"--layer-ids takes comma-separated layer numbers, got {args.layer_ids!r}") from None
+    layer_ids = parse_layer_ids(args.layer_ids) if args.layer_ids else None
     if args.feature_cache and layer_ids is None:
         raise ValueError("--feature-cache needs --layer-ids (the drafter's target_layer_ids)")
+    if args.feature_cache and Path(args.feature_cache).exists() and not Path(args.feature_cache).is_dir():
+        raise ValueError(f"--feature-cache {args.feature_cache} is a file; the feature cache is a folder")
     return layer_ids
 
 
@@ -1190,6 +1220,11 @@ def data_main(args: argparse.Namespace) -> int:
     beyond = [i for i in layer_ids or [] if not 0 <= i < depth]
     if beyond:  # before any collection: label_dataset checks again for its other callers
         raise ValueError(f"--layer-ids {beyond} are outside the target's {depth} layers (ids are 0-based).")
+    resuming = (out / "manifest.json").exists() and not args.extend
+    if resuming:  # its sequences are collected (and regenerated) already: their length is what the labelling runs
+        _check_target_positions(target, Dataset.load(out).manifest, "")
+    else:
+        _check_target_positions(target, vars(args), args.source)
     if target.device.type == "cpu":
         keep_freed_memory()  # the labelling forwards' hidden states, as the trainer's score tensors
     if args.extend:
@@ -1218,6 +1253,25 @@ def data_main(args: argparse.Namespace) -> int:
                        max_batch_tokens=args.max_batch_tokens, max_seconds=args.max_seconds)
     print(f"[data] {out}: {ds.num_sequences} sequences, {int(ds.offsets[-1])} tokens, {ds.num_labelled} labelled")
     return 0
+
+
+def _check_target_positions(target: Any, lengths: dict, sources: str) -> None:
+    """Refuse sequence lengths past the target's position limit (`max_position_embeddings`), before any collection:
+    a target with learned positions (GPT-2) crashed inside torch after the sequences were written, and a RoPE
+    target was labelled past the context it was trained on. `lengths`: `max_len`, `max_prompt`, `max_new_tokens`
+    (this command's options, or a resumed dataset's manifest); regeneration runs prompt + new tokens through it."""
+    limit = _target_field(target.config.get_text_config(), "max_position_embeddings")
+    if not isinstance(limit, int):
+        return
+    if lengths.get("max_len", 0) > limit:
+        raise ValueError(f"--max-len {lengths['max_len']} is past the target's {limit} positions "
+                         f"(max_position_embeddings); pass --max-len {limit} or less")
+    regen = any(spec.partition(":")[0].startswith("regen-") for spec in (sources or "").split(","))
+    longest = lengths.get("max_prompt", 0) + lengths.get("max_new_tokens", 0)
+    if regen and longest > limit:
+        raise ValueError(f"regeneration runs a prompt of up to --max-prompt {lengths['max_prompt']} tokens plus "
+                         f"--max-new-tokens {lengths['max_new_tokens']} through the target, past its {limit} positions "
+                         "(max_position_embeddings); lower them so that their sum is at most that")
 
 
 def _check_dataset_target(args: argparse.Namespace, manifest: dict, vocab_size: int) -> None:
@@ -1261,7 +1315,8 @@ def add_data_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "library); regen-maths (synthetic MATH-style problems) and regen-chat (chat requests in MT-Bench's "
                         "eight categories): prompts only, answered by the target; "
                         "dataset:PATH (the sequences of another dataset folder, relabelled: mix sets with --extend)")
-    p.add_argument("--num-prompts", type=int, default=1000, help="ShareGPT/jsonl conversations per source")
+    p.add_argument("--num-prompts", type=int, default=1000,
+                   help="ShareGPT / jsonl conversations per source (default 1000; a longer file is cut, with a note)")
     p.add_argument("--skip-prompts", type=int, default=0, help="skip the first N ShareGPT conversations / maths problems / chat requests")
     p.add_argument("--num-code", type=int, default=400, help="stdlib code chunks")
     p.add_argument("--num-functions", type=int, default=400, help="stdlib function tasks (pyfunc sources)")
@@ -1927,6 +1982,7 @@ class Trainer:
                                  cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
         if self.accel.device.type == "cpu":
             keep_freed_memory()
+        self.data = Dataset.load(cfg.data)  # before the target: a wrong --data path fails in a second, not a load
         named = target is None  # loaded from cfg.target (else a caller's model: its name is unknown)
         if target is None:
             from .assets import load_target
@@ -1938,7 +1994,6 @@ class Trainer:
         self.logit_scaling = target_logit_scaling(self.target)  # p_target is the target's distribution
         if cfg.tv_weight > 0:
             check_target_logits(self.target, self.logit_scaling)
-        self.data = Dataset.load(cfg.data)
         vocab_size = self.target.config.get_text_config().vocab_size
         largest = int(self.data.tokens[: int(self.data.offsets[-1])].max()) if self.data.num_sequences else -1
         if largest >= vocab_size:
@@ -2001,7 +2056,9 @@ class Trainer:
                                            betas=(0.9, 0.95))
         from transformers import get_cosine_schedule_with_warmup
 
-        self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, max(1, int(cfg.warmup * cfg.max_steps)), cfg.max_steps)
+        # --warmup 0: none (the first step trained at lr 0 before, a wasted step counted as trained)
+        warmup_steps = 0 if cfg.warmup == 0 else max(1, int(cfg.warmup * cfg.max_steps))
+        self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, warmup_steps, cfg.max_steps)
         self.drafter, self.optimizer, self.scheduler = self.accel.prepare(self.drafter, self.optimizer, self.scheduler)
         self.weights = position_weights(self.drafter_config.block_size - 1, cfg.gamma)
         if cfg.loss_slots is not None and not 1 <= cfg.loss_slots <= self.drafter_config.block_size - 1:
@@ -2486,7 +2543,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     fields = TrainConfig.__dataclass_fields__
     values = {k: v for k, v in vars(args).items() if k in fields and v is not None}
     if isinstance(values.get("layer_ids"), str):
-        values["layer_ids"] = [int(x) for x in values["layer_ids"].split(",")]
+        values["layer_ids"] = parse_layer_ids(values["layer_ids"])
     if values.get("refiner") == "none":
         values["refiner"] = None
     elif "refiner" not in values:
@@ -2560,14 +2617,21 @@ def greedy_reference(target: Any, tokenizer: Any, sets: list[str], limit: int, m
     from .assets import apply_chat_template
 
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None)
-    out: dict[str, dict[str, list[int]]] = {}
+    out: dict[str, dict[str, Any]] = {"_prompts": {}}  # each prompt's hash: an edited prompt file is not matched
     for name in sets:
-        out[name] = {}
+        out[name], out["_prompts"][name] = {}, {}
         for record in _tau_prompts(name, limit, skip):
-            ids = torch.tensor([apply_chat_template(tokenizer, record)])
+            prompt = apply_chat_template(tokenizer, record)
+            ids = torch.tensor([prompt])
             out[name][record.id] = target.generate(ids, **kwargs)[0, ids.shape[1] :].tolist()
+            out["_prompts"][name][record.id] = _prompt_hash(prompt)
         print(f"[tau] greedy reference for {name}: {len(out[name])} prompts", flush=True)
     return out
+
+
+def _prompt_hash(prompt: list[int]) -> str:
+    """A short hash of a prompt's token ids (what `greedy_reference` records for each output)."""
+    return hashlib.sha256(json.dumps(prompt).encode()).hexdigest()[:16]
 
 
 @torch.no_grad()
@@ -2597,10 +2661,15 @@ def measure_tau(target: Any, tokenizer: Any, drafter: XPressDrafterModel, sets: 
         if not records:
             raise ValueError(f"{name}: no prompts after the first {skip} (--skip) to measure on")
         for record in records:
-            ids = torch.tensor([apply_chat_template(tokenizer, record)])
-            if reference is not None and record.id in reference.get(name, {}):
-                plain = reference[name][record.id]
-            else:
+            prompt = apply_chat_template(tokenizer, record)
+            ids = torch.tensor([prompt])
+            plain = (reference or {}).get(name, {}).get(record.id)
+            recorded = (reference or {}).get("_prompts", {}).get(name, {}).get(record.id)  # older files: none
+            if plain is not None and recorded is not None and recorded != _prompt_hash(prompt):
+                print(f"[tau] {name} {record.id}: the --reference output is for another prompt under this id (the "
+                      "prompt file was edited since?); plain greedy generate runs again for it", flush=True)
+                plain = None
+            if plain is None:
                 plain = target.generate(ids, **kwargs)[0, ids.shape[1] :].tolist()
             if tree_width:
                 from .tree_decoding import tree_decoding
@@ -2864,6 +2933,11 @@ def ship_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _same_target(a: str, b: str) -> bool:
+    """Whether two `--target` values name one target: the same alias / Hub id, or paths to the same folder."""
+    return a == b or (Path(a).exists() and Path(b).exists() and Path(a).resolve() == Path(b).resolve())
+
+
 def _is_shipped(folder: Path) -> bool:
     """Whether `folder` holds a drafter folder (what `ship` may replace): an `xpress_drafter` config.json."""
     try:
@@ -2918,6 +2992,12 @@ def _ship_card(args: argparse.Namespace, run: Path, out: Path, name: str) -> Non
             raise ValueError(f"--tau {path} is not a measurement written by `tau --drafter ... --out` (a greedy "
                              "--reference file?)")
         setup = measured.get("_setup", {})
+        if "target" in setup and not _same_target(setup["target"], cfg["target"]):
+            raise ValueError(f"--tau {item!r} was measured against the target {setup['target']!r}, and this run trained "
+                             f"for {cfg['target']!r}; measure the drafters against the run's target")
+        if "refiner" in setup and method in METHOD_NAMES.values() and METHOD_NAMES.get(setup["refiner"]) != method:
+            raise ValueError(f"--tau {item!r}: the file measured a {METHOD_NAMES.get(setup['refiner'], setup['refiner'])} "
+                             f"drafter ({setup.get('drafter')}), not {method}; check which file goes with which label")
         recorded = setup.get("drafter_sha256")
         same_kind = setup["refiner"] == cfg["refiner"] if "refiner" in setup else method == this_method
         if same_kind and recorded and this_weights and recorded != this_weights:

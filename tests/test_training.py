@@ -1099,6 +1099,73 @@ def test_sharegpt_exchanges_count_conversations_and_say_how_many_had_no_answer(m
     assert "left out" not in capsys.readouterr().out
 
 
+def test_data_refuses_lengths_past_the_targets_positions(tmp_path, monkeypatch):
+    """GPT-2 (learned positions) crashed inside torch after the sequences were written; a RoPE target was labelled past
+    its context without a word. Now: one line naming the option, before anything is collected or written."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from hf_xpress import assets
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=V, n_embd=32, n_layer=2, n_head=2, n_positions=64)).eval()
+    lengths = {"max_len": 64, "max_prompt": 32, "max_new_tokens": 32}
+    T._check_target_positions(gpt2, lengths, "regen-sharegpt,stdlib")  # exactly at the limit
+    with pytest.raises(ValueError, match="--max-len 65 is past the target's 64 positions"):
+        T._check_target_positions(gpt2, {**lengths, "max_len": 65}, "stdlib")
+    with pytest.raises(ValueError, match="--max-prompt 32 tokens plus --max-new-tokens 33 .* past its 64 positions"):
+        T._check_target_positions(gpt2, {**lengths, "max_new_tokens": 33}, "jsonl:a.jsonl,regen-jsonl:b.jsonl")
+    T._check_target_positions(gpt2, {**lengths, "max_new_tokens": 33}, "jsonl:a.jsonl")  # no regeneration
+    monkeypatch.setattr(assets, "load_target", lambda *a, **k: (gpt2, None))
+    parser = argparse.ArgumentParser()
+    T.add_data_parser(parser.add_subparsers())
+    with pytest.raises(ValueError, match="--max-len 512 is past the target's 64 positions"):
+        T.data_main(parser.parse_args(["data", "--source", "stdlib", "--out", str(tmp_path / "ds")]))
+    assert not (tmp_path / "ds").exists()
+
+
+def test_warmup_zero_trains_from_the_first_step(tmp_path):
+    """--warmup 0 ran step 1 at lr 0 (a wasted step counted as trained; with --max-steps 1 nothing was trained)."""
+    target = tiny_llama()
+    make_dataset(tmp_path / "data", target)
+    for warmup, first_lr in ((0.0, 3e-3), (0.5, 0.0)):
+        trainer = T.Trainer(_cfg(tmp_path / "data", tmp_path / f"run{warmup}", max_steps=4, warmup=warmup), target=target)
+        assert trainer.scheduler.get_last_lr()[0] == pytest.approx(first_lr)
+
+
+def test_input_errors_name_the_file_or_option(tmp_path, capsys):
+    """From a helper's sweep of the data / train commands: each was a traceback or named neither file nor option."""
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError, match="--feature-cache .*afile is a file"):
+        T.FeatureCache(tmp_path / "afile", 10, 8, [0], mode="w")
+    parser = argparse.ArgumentParser()
+    T.add_data_parser(parser.add_subparsers())
+    with pytest.raises(ValueError, match="--feature-cache .*afile is a file"):
+        T._check_data_numbers(parser.parse_args(["data", "--out", str(tmp_path / "x"), "--layer-ids", "0",
+                                                 "--feature-cache", str(tmp_path / "afile")]))
+    with pytest.raises(ValueError, match="--layer-ids takes comma-separated layer numbers, got 'a,b'"):
+        T.train_config(argparse.Namespace(layer_ids="a,b"))
+    # a damaged dataset names its folder and file, before any target is loaded (this one does not exist)
+    for name, damage in (("manifest.json", lambda p: p.write_text(p.read_text()[:10])),
+                         ("tokens.npy", lambda p: p.write_bytes(p.read_bytes()[:200]))):
+        broken = tmp_path / f"broken-{name}"
+        shutil.copytree(data, broken)
+        damage(broken / name)
+        with pytest.raises(ValueError, match=f"broken-{name}: the dataset's {name} is damaged or incomplete"):
+            T.Trainer(_cfg(broken, tmp_path / "run", target="no/such-target"))
+    # jsonl rows: a byte-order mark is read, a chat without a user turn is named by its line, a cut is said
+    rows = tmp_path / "rows.jsonl"
+    rows.write_bytes(b"\xef\xbb\xbf" + b'{"prompt": "hi"}\n{"prompt": "there"}\n{"prompt": "more"}\n')
+    assert [m[0]["content"] for _, m in T.jsonl_exchanges(str(rows), None)] == ["hi", "there", "more"]
+    assert len(list(T.jsonl_exchanges(str(rows), 2))) == 2
+    assert "rows.jsonl: its first 2 rows read (--num-prompts 2); the rest of the file is left out" in capsys.readouterr().out
+    assert len(list(T.jsonl_exchanges(str(rows), 3))) == 3 and "left out" not in capsys.readouterr().out
+    rows.write_text('{"messages": [{"role": "assistant", "content": "alone"}]}\n')
+    with pytest.raises(ValueError, match="rows.jsonl:1: a chat needs a user message"):
+        list(T.jsonl_exchanges(str(rows), None))
+
+
 def test_data_command_writes_a_dataset_that_loads(tmp_path):
     Tok = _CharTok  # noqa: N806
     target = tiny_llama()
@@ -1338,7 +1405,20 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
         T.ship_main(argparse.Namespace(**{**vars(args), "tau": [f"+ xPress (LoRA)={other}"]}))
     other.write_text(json.dumps({"_setup": dict(setup, refiner=None),
                                  "mtbench": {"tau": 1.7, "identical_to_greedy": 2, "prompts": 2}}))
-    T.ship_main(argparse.Namespace(**{**vars(args), "tau": [f"+ xPress={other}"]}))  # a dFlash drafter's: fine
+    T.ship_main(argparse.Namespace(**{**vars(args), "tau": [f"dFlash={other}"]}))  # a dFlash drafter's: fine
+    # ... but not under another drafter kind's label, nor measured against another target (a helper's sweep: both
+    # were printed in the card as this drafter's figures)
+    with pytest.raises(ValueError, match=r"the file measured a dFlash drafter \(elsewhere\), not \+ xPress"):
+        T.ship_main(argparse.Namespace(**{**vars(args), "tau": [f"+ xPress={other}"]}))
+    run_target = json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())["config"]["target"]
+    for measured_on, ok in ((run_target, True), ("someone/else", False)):
+        other.write_text(json.dumps({"_setup": dict(setup, refiner=None, target=measured_on),
+                                     "mtbench": {"tau": 1.7, "identical_to_greedy": 2, "prompts": 2}}))
+        if ok:
+            T.ship_main(argparse.Namespace(**{**vars(args), "tau": [f"dFlash={other}"]}))
+        else:
+            with pytest.raises(ValueError, match="measured against the target 'someone/else', and this run trained"):
+                T.ship_main(argparse.Namespace(**{**vars(args), "tau": [f"dFlash={other}"]}))
     reference = tmp_path / "reference.json"
     reference.write_text(json.dumps({"_settings": {}, "humaneval": {"p": [1, 2]}}))
     listed = tmp_path / "list.json"
@@ -1686,7 +1766,7 @@ def test_tau_records_the_settings_it_ran_with_and_the_weights_it_measured(tmp_pa
     assert not (tmp_path / "ref.json").exists()
 
 
-def test_measure_tau_is_lossless_and_pools_rounds(monkeypatch):
+def test_measure_tau_is_lossless_and_pools_rounds(monkeypatch, capsys):
     from hf_xpress import assets
 
     target = tiny_llama()
@@ -1704,6 +1784,13 @@ def test_measure_tau_is_lossless_and_pools_rounds(monkeypatch):
     assert [p["id"] for p in skipped["fake"]["per_prompt"]] == ["p1"]  # the development split: after the first
     with pytest.raises(ValueError, match="skip must be >= 0"):
         T.greedy_reference(target, None, ["fake"], 2, max_new_tokens=12, skip=-1)
+    # a reference for prompts since edited under the same ids (a jsonl set's ids are its lines): not compared with
+    # (a lossless drafter read 0/2 identical), plain generate runs again, and the run says so
+    monkeypatch.setattr(assets, "apply_chat_template", lambda tok, rec: [5, 9, 17, 33, 7])
+    edited = T.measure_tau(target, None, drafter, ["fake"], 2, max_new_tokens=12, reference=reference)["fake"]
+    assert edited["identical_to_greedy"] == 2
+    assert "the --reference output is for another prompt under this id" in capsys.readouterr().out
+    monkeypatch.setattr(assets, "apply_chat_template", lambda tok, rec: [5, 9, 17, 33, 4])
 
     # a dynamic tree with prompt lookup as a branch: still lossless, and lookup's branch is in the rounds
     monkeypatch.setattr(assets, "apply_chat_template", lambda tok, rec: [5, 9, 17, 5, 9, 17, 5, 9])

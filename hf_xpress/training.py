@@ -1359,6 +1359,13 @@ def weighted_mean(per_slot: torch.Tensor, valid: torch.Tensor, weights: torch.Te
     return (per_slot * w).sum() / w.sum().clamp_min(1e-8)
 
 
+def slot_weight_sum(valid: torch.Tensor, weights: torch.Tensor) -> float:
+    """`sum(w * valid)`, the denominator of a batch's `weighted_mean` (every loss term shares it): valid `[N, S]`
+    bool, weights `[>= S]` (cut to S, as `refiner_losses` does)."""
+    w = weights[: valid.shape[1]].to(valid.device, torch.float64)
+    return float((w[None, :] * valid).sum())
+
+
 def slot_ce(logits: torch.Tensor, labels: torch.LongTensor) -> torch.Tensor:
     """logits `[N, K, V]`, labels `[N, K]` -> cross-entropy per slot `[N, K]` (float32)."""
     return -torch.log_softmax(logits.float(), dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
@@ -2238,25 +2245,38 @@ class Trainer:
         step = self.state["step"]
         generator = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step * 101 + self.accel.process_index)
         self.optimizer.zero_grad(set_to_none=True)
-        total, parts_sum, finite, tokens, blocks = 0.0, {}, True, 0, 0
+        # Each micro-batch's loss is a weighted mean over its slots (`weighted_mean`: sum(w * l) / sum(w)); the step's
+        # is that mean over all its slots, every micro-batch and process together, as one large batch would give.
+        # So micro-batch i of process p is backpropagated with weight n_pi / c (n: its sum(w), c: the first
+        # micro-batch's n summed over processes, the same on each), and the gradients, which DDP averages over the W
+        # processes, are multiplied by W * c / N once N (every n) is known: 1 exactly for one micro-batch in one
+        # process. (The mean of per-micro-batch means weighted micro-batches with fewer valid slots, e.g. blocks
+        # running past a sequence's end, more than one batch would.)
+        total, parts_sum, finite, tokens, blocks, norm_sum, scale = 0.0, {}, True, 0, 0, 0.0, None
         t0 = time.time()
         for micro in range(self.cfg.grad_accum):
             idx = self._next_indices()
             last = micro == self.cfg.grad_accum - 1  # DDP all-reduces the accumulated gradients once, at the last
             with contextlib.nullcontext() if last else self.accel.no_sync(self.drafter):
                 loss, parts, packed = self._loss(idx, generator)
-                finite, counts = self._finite_everywhere(loss, packed)
+                finite, counts, (norm, norms) = self._finite_everywhere(loss, packed)
                 if not finite:
                     break
-                self.accel.backward(loss / self.cfg.grad_accum)
-            total += loss.item() / self.cfg.grad_accum
+                scale = norms if scale is None and norms > 0 else scale  # c (a batch without valid slots: 0)
+                self.accel.backward(loss * (norm / scale if scale else 0.0))
+            norm_sum += norms
+            total += loss.item() * norm
             for k, v in parts.items():
-                parts_sum[k] = parts_sum.get(k, 0.0) + v / self.cfg.grad_accum
+                parts_sum[k] = parts_sum.get(k, 0.0) + v * norm
             tokens, blocks = tokens + counts[0], blocks + counts[1]
-        if finite and self.accel.num_processes > 1:  # the logged losses: the mean over processes
-            n = self.accel.num_processes
-            total, *means = (x / n for x in self._sum_over_processes([total, *parts_sum.values()]))
-            parts_sum = dict(zip(parts_sum, means))
+        if finite and norm_sum > 0:  # the logged losses: the same weighted mean
+            total, *sums = (x / norm_sum for x in self._sum_over_processes([total, *parts_sum.values()]))
+            parts_sum = dict(zip(parts_sum, sums))
+            factor = self.accel.num_processes * scale / norm_sum
+            if factor != 1.0:
+                for param in self.drafter.parameters():
+                    if param.grad is not None:
+                        param.grad.mul_(factor)
         grad_norm = float("nan")
         if finite:
             grad_norm = float(self.accel.clip_grad_norm_(self.drafter.parameters(), self.cfg.clip))
@@ -2282,13 +2302,18 @@ class Trainer:
         return {"step": self.state["step"], "loss": total if finite else float("nan"), **parts_sum, "grad_norm": grad_norm,
                 "lr": self.scheduler.get_last_lr()[0], "tokens": self.state["tokens"], "skipped": self.state["skipped"]}
 
-    def _finite_everywhere(self, loss: torch.Tensor, packed: PackedInput) -> tuple[bool, tuple[int, int]]:
-        """Whether `loss` is finite on every process, and the micro-batch's (tokens, blocks) summed over processes.
-        Every process skips the step together: a backward on some processes only would wait forever in DDP's
-        gradient all-reduce."""
-        local = [1, packed.num_tokens, len(packed.block_index)] if torch.isfinite(loss.detach()) else [0, 0, 0]
-        ok, tokens, blocks = self._sum_over_processes(local)
-        return ok == self.accel.num_processes, (int(tokens), int(blocks))
+    def _finite_everywhere(self, loss: torch.Tensor, packed: PackedInput
+                           ) -> tuple[bool, tuple[int, int], tuple[float, float]]:
+        """Whether `loss` is finite on every process; the micro-batch's (tokens, blocks) summed over processes; its
+        loss normaliser (`slot_weight_sum`) here and summed over processes. Every process skips the step together: a
+        backward on some processes only would wait forever in DDP's gradient all-reduce."""
+        if torch.isfinite(loss.detach()):
+            norm = slot_weight_sum(packed.blocks.valid, self.weights)
+            local = [1, packed.num_tokens, len(packed.block_index), norm]
+        else:
+            norm, local = 0.0, [0, 0, 0, 0.0]
+        ok, tokens, blocks, norms = self._sum_over_processes(local)
+        return ok == self.accel.num_processes, (int(tokens), int(blocks)), (norm, norms)
 
     def _sum_over_processes(self, values: list[float]) -> list[float]:
         """`values` summed over the training processes (one all-reduce); themselves in a single process."""

@@ -812,6 +812,39 @@ def test_nan_guard_skips_the_step(tmp_path):
         trainer.train_step()  # the run stops instead of writing an untrained drafter as its result
 
 
+def test_gradient_accumulation_equals_the_larger_batch(tmp_path):
+    """--batch-size 4 = --batch-size 2 --grad-accum 2 = --batch-size 1 --grad-accum 4, also where the micro-batches
+    hold different numbers of valid slots (a block running past its sequence's end): the step's loss is the weighted
+    mean over all its slots (before, the mean of per-micro-batch means; found by a helper's sweep)."""
+    target = tiny_llama()
+    data = tmp_path / "data"
+    make_dataset(data, target, length=20)  # short sequences: blocks often run past the end
+    runs, uneven = {}, []
+    for batch, accum in ((4, 1), (2, 2), (1, 4)):
+        trainer = T.Trainer(_cfg(data, tmp_path / f"run{batch}", batch_size=batch, grad_accum=accum, eval_every=0,
+                                 anchors_per_seq=6, max_steps=5), target=target)
+        real_loss, valid = trainer._loss, []
+
+        def spy(idx, gen, real_loss=real_loss, valid=valid):
+            loss, parts, packed = real_loss(idx, gen)
+            valid.append(int(packed.blocks.valid.sum()))
+            return loss, parts, packed
+
+        trainer._loss = spy
+        losses = []
+        for _ in range(5):
+            valid.clear()
+            losses.append(trainer.train_step()["loss"])
+            uneven.append(len(set(valid)) > 1)
+        runs[(batch, accum)] = (losses, {k: v.clone() for k, v in trainer.drafter.state_dict().items()})
+    assert any(uneven)  # the case the old averaging got wrong did occur
+    (losses, state) = runs[(4, 1)]
+    for key in ((2, 2), (1, 4)):
+        assert runs[key][0] == pytest.approx(losses, rel=1e-5)
+        for name, value in runs[key][1].items():
+            torch.testing.assert_close(value, state[name], rtol=1e-4, atol=2e-6)
+
+
 def test_a_step_skipped_at_a_later_micro_batch_counts_no_training_tokens(tmp_path):
     """The learning curve's "training tokens" are tokens the drafter was trained on: a step whose second micro-batch
     has a NaN loss is skipped whole, so its first micro-batch's tokens do not count."""

@@ -2154,6 +2154,13 @@ class Trainer:
                 mask = unused_token_id(self.data, self.target.config.get_text_config())
                 self.accel.print(f"[train] mask token id {mask}: absent from the training data (--mask-token-id chooses another)",
                       flush=True)
+            else:
+                tokens = np.asarray(self.data.tokens[: int(self.data.offsets[-1])])
+                count = int((tokens == mask).sum())
+                if count:  # the spec asks for an id the target never sees in text
+                    self.accel.print(f"[train] warning: --mask-token-id {mask} occurs {count} times in the training "
+                                     "data: the drafter's mask slots then look like that real token (leave "
+                                     "--mask-token-id out to pick an id absent from the data)", flush=True)
             overrides = dict(num_hidden_layers=cfg.layers, block_size=cfg.block_size, refiner_rank=cfg.refiner_rank,
                              mask_token_id=mask)
             if cfg.layer_ids:
@@ -2500,6 +2507,10 @@ class Trainer:
               f"{len(self.train_ids)} train / {len(self.heldout)} held-out sequences; drafter "
               f"{sum(p.numel() for p in self.drafter.parameters()) / 1e6:.2f}M params "
               f"({sum(p.numel() for p in self.drafter.parameters() if p.requires_grad) / 1e6:.2f}M trainable)", flush=True)
+        if resumed and self.state["step"] >= cfg.max_steps:
+            self.accel.print(f"[train] the checkpoint is at step {self.state['step']}, not below --max-steps "
+                             f"{cfg.max_steps}: no step to run; the final drafter is the checkpoint's (step "
+                             f"{self.state['step']}), as before (a larger --max-steps continues it)", flush=True)
         previous = signal.signal(signal.SIGTERM, self._on_sigterm) if self._main_thread() else None
         start = time.time()
         try:

@@ -1164,6 +1164,18 @@ def test_warmup_zero_trains_from_the_first_step(tmp_path):
         assert trainer.scheduler.get_last_lr()[0] == pytest.approx(first_lr)
 
 
+def test_resuming_past_max_steps_says_there_is_nothing_to_run(tmp_path, capsys):
+    target = tiny_llama()
+    make_dataset(tmp_path / "data", target)
+    T.Trainer(_cfg(tmp_path / "data", tmp_path / "run", max_steps=3, save_every=1, eval_every=0), target=target).run()
+    capsys.readouterr()
+    T.Trainer(_cfg(tmp_path / "data", tmp_path / "run", max_steps=2, save_every=1, eval_every=0), target=target).run()
+    said = capsys.readouterr().out
+    assert "the checkpoint is at step 3, not below --max-steps 2: no step to run" in said  # was "resumed at step 3/2"
+    T.Trainer(_cfg(tmp_path / "data", tmp_path / "run-mask", mask_token_id=5, max_steps=1), target=target)
+    assert "--mask-token-id 5 occurs" in capsys.readouterr().out  # a real token of the data: said
+
+
 def test_input_errors_name_the_file_or_option(tmp_path, capsys):
     """From a helper's sweep of the data / train commands: each was a traceback or named neither file nor option."""
     target = tiny_llama()

@@ -31,15 +31,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def report_bad_input(command: str, run) -> int:
-    """`run()`'s exit status; bad input (our `ValueError`s and `ConversionError`s, a missing file) is reported as one
-    line naming the problem, exit status 2, a failed Hub upload likewise with exit status 1; `HF_XPRESS_TRACEBACK=1`
-    shows the traceback instead."""
+    """`run()`'s exit status; bad input (our `ValueError`s and `ConversionError`s, a path that is missing, of the
+    wrong kind or not permitted) is reported as one line naming the problem, exit status 2, a failed Hub upload
+    likewise with exit status 1; `HF_XPRESS_TRACEBACK=1` shows the traceback instead."""
     from .conversion import ConversionError
     from .hub import PublishError
 
     try:
         return int(run() or 0)
-    except (ConversionError, ValueError, FileNotFoundError, argparse.ArgumentTypeError, PublishError) as err:
+    except (ConversionError, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FileExistsError,
+            PermissionError, argparse.ArgumentTypeError, PublishError) as err:
         if os.environ.get("HF_XPRESS_TRACEBACK"):
             raise
         print(f"{command}: error: {err}", file=sys.stderr)

@@ -1415,6 +1415,8 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
     from hf_xpress.cli import report_bad_input
 
     assert report_bad_input("hf-xpress ship", lambda: T.ship_main(argparse.Namespace(**{**vars(args), "checkpoint": "last"}))) == 2
+    (tmp_path / "plain-file").write_text("x")  # a path of the wrong kind, met inside a library call
+    assert report_bad_input("hf-xpress x", lambda: (tmp_path / "plain-file" / "sub").mkdir(parents=True)) == 2
     longer = tmp_path / "tau-longer.json"
     longer.write_text(json.dumps({"_setup": {"limit": 2, "max_new_tokens": 64}, "humaneval": {"tau": 1.4,
                                   "identical_to_greedy": 2, "prompts": 2}}))

@@ -37,6 +37,7 @@ import argparse
 import contextlib
 import datetime as _dt
 import functools
+import itertools
 import json
 import math
 import os
@@ -190,13 +191,15 @@ def build_methods(
     schedules: Iterable[str] = ("constant",),
     draft_vocabs: Iterable[bool] = (True,),
     prompt_lookup: int | None = PROMPT_LOOKUP_TOKENS,
+    lookup_alone: bool = True,
     native_dflash: bool = True,
     with_lookup: Iterable[bool | str] = (False,),
     trees: Iterable[int | None] = (None,),
     tree_budgets: Iterable[int | None] = (None,),
     tree_temperatures: Iterable[float | None] = (None,),
 ) -> list[Method]:
-    """The method list: plain, prompt lookup, assisted (if `assistant`), native DFlash, then ours per drafter.
+    """The method list: plain, prompt lookup (unless `lookup_alone` is False), assisted (if `assistant`), native
+    DFlash, then ours per drafter.
 
     drafters: ``(label, XPressDrafterModel)`` pairs. The native DFlash path runs each refiner-less drafter (or, when
     there is none, the first drafter's base, labelled so). Names carry the label only when two drafters of the same
@@ -206,7 +209,7 @@ def build_methods(
     " <schedule>" (not for "constant"). A drafter
     with a stored draft vocabulary also runs without it where `draft_vocabs` holds False (names carry " allV"). Where
     `with_lookup` holds True, each of ours also runs with prompt lookup first (`prompt_lookup_num_tokens` =
-    `prompt_lookup`, or the default when prompt lookup alone is off; names carry " +pld"); where it holds "branch",
+    `prompt_lookup`, or the default when it is None; names carry " +pld"); where it holds "branch",
     each of ours with a tree also runs with lookup's continuation joining the drafter's tree as a branch
     (`tree_decoding`'s `lookup_branch`; names carry " +pldb"). Each tree width in
     `trees` (None: the chain) runs each of ours with tree verification (names carry " tree<W>"), at every budget in
@@ -239,7 +242,7 @@ def build_methods(
         ]
 
     methods = [Method(PLAIN, "plain")]
-    if prompt_lookup:
+    if prompt_lookup and lookup_alone:
         methods.append(Method("prompt-lookup", "pld", generate_kwargs={"prompt_lookup_num_tokens": prompt_lookup}))
     if assistant is not None:
         label, model = assistant
@@ -686,8 +689,8 @@ def headline(results: dict) -> str:
         f"{machine.get('cuda_device') or machine.get('cpu_model') or machine.get('processor')} "
         f"({machine.get('torch_threads')} threads): {best} tau {table[best]['tau']:.2f}, "
         f"{table[best]['tokens_per_s']:.1f} tok/s, {table[best].get('speedup', float('nan')):.2f}x over plain generate "
-        f"({table.get(PLAIN, {}).get('tokens_per_s', float('nan')):.1f} tok/s); " + "; ".join(others)
-        + f"; {exactness}" + (" [TIMINGS TAKEN UNDER LOAD]" if busy else "") + "."
+        f"({table.get(PLAIN, {}).get('tokens_per_s', float('nan')):.1f} tok/s); " + "".join(f"{o}; " for o in others)
+        + exactness + (" [TIMINGS TAKEN UNDER LOAD]" if busy else "") + "."
     )
 
 
@@ -914,17 +917,34 @@ def _json_safe(obj):
     return obj
 
 
+# What a run writes into its folder (`write_outputs`, and `--block-only`'s block_latency.*): a later run into the same
+# folder replaces all of them, so no plot or table of an earlier run stays beside its figures. Other files stay.
+OUTPUT_PATTERNS = ("results.json", "report.md", "tau_*.png", "slot_acceptance_*.png", "speedup_*.png",
+                   "latency_split_*.png", "refine_vs_k_*.png", "block_latency.png", "block_latency.json",
+                   "block_latency.md")
+
+
 def write_outputs(results: dict, out_dir: str | os.PathLike) -> dict[str, Path]:
-    """Write ``results.json``, the PNG plots and ``report.md`` into `out_dir`; return their paths."""
+    """Write ``results.json``, the PNG plots and ``report.md`` into `out_dir`; return their paths.
+
+    Everything is built in a temporary folder inside `out_dir` first, so results the report or a plot cannot be
+    made from leave `out_dir` as it was; then an earlier run's files there (`OUTPUT_PATTERNS`) are removed and the new
+    ones moved in."""
+    import tempfile
+
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "results.json"}
-    paths["json"].write_text(json.dumps(_json_safe(results), indent=1) + "\n", encoding="utf-8")
-    plots = make_plots(results, out)
-    paths.update(plots)
-    paths["report"] = out / "report.md"
-    paths["report"].write_text(render_report(results, {k: v.name for k, v in plots.items()}), encoding="utf-8")
-    return paths
+    with tempfile.TemporaryDirectory(dir=out, prefix=".bench-") as tmp:
+        staged = Path(tmp)
+        (staged / "results.json").write_text(json.dumps(_json_safe(results), indent=1) + "\n", encoding="utf-8")
+        plots = make_plots(results, staged)
+        (staged / "report.md").write_text(render_report(results, {k: v.name for k, v in plots.items()}),
+                                          encoding="utf-8")
+        for old in {path for pattern in OUTPUT_PATTERNS for path in out.glob(pattern)}:
+            old.unlink()
+        for path in staged.iterdir():
+            os.replace(path, out / path.name)
+    return {"json": out / "results.json", **{k: out / v.name for k, v in plots.items()}, "report": out / "report.md"}
 
 
 def render_report(results: dict, plots: dict[str, str] | None = None) -> str:
@@ -1159,17 +1179,20 @@ def make_plots(results: dict, out: Path) -> dict[str, Path]:
         xp = [m for m in methods if m["kind"] == "xpress" and m["name"] in all_ and all_[m["name"]].get("per_round_ms")]
         if xp:
             fig, ax = plt.subplots(figsize=(6, 4))
+            # one line per setting other than K (drafter, early stop, shortlist, drafts, tree, lookup, ...), named as
+            # its methods with "K=*": methods of other settings on one line zigzagged between them
             groups: dict[tuple, list] = {}
             for m in xp:
-                point = (m["passes"], all_[m["name"]]["per_round_ms"]["refine"])
-                groups.setdefault((m["label"], m["early_stop"]), []).append(point)
-            for (label, es), pts in groups.items():
+                setting = tuple(sorted((k, repr(v)) for k, v in m.items() if k not in ("name", "passes", "model")))
+                name = re.sub(r"K=\d+", "K=*", m["name"])
+                groups.setdefault(setting, [name, []])[1].append((m["passes"], all_[m["name"]]["per_round_ms"]["refine"]))
+            for name, pts in groups.values():
                 pts.sort()
-                ax.plot([p for p, _ in pts], [v for _, v in pts], marker="o",
-                        label=f"xpress {label}" + (" early stop" if es else " fixed K"))
-            for m in methods:
-                if m["kind"] == "markov" and m["name"] in all_ and all_[m["name"]].get("per_round_ms"):
-                    ax.axhline(all_[m["name"]]["per_round_ms"]["refine"], color="tab:red", ls="--", label=m["name"])
+                ax.plot([p for p, _ in pts], [v for _, v in pts], marker="o", label=name)
+            markov = [m for m in methods
+                      if m["kind"] == "markov" and m["name"] in all_ and all_[m["name"]].get("per_round_ms")]
+            for m, style in zip(markov, itertools.cycle(["--", ":", "-.", (0, (5, 1))])):  # each its own line style
+                ax.axhline(all_[m["name"]]["per_round_ms"]["refine"], color="tab:red", ls=style, label=m["name"])
             ax.set_xlabel("K (Jacobi passes)")
             ax.set_ylabel("refine ms per block (in generate)")
             ax.set_title(f"Refiner time per block vs K, {tkey}")
@@ -1613,6 +1636,17 @@ def plot_block_latency(r: dict, path: Path) -> Path:
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def _distinct(values: list, flag: str, text: str) -> list:
+    """`values` parsed from a comma list, refused when empty (no method would run with that setting) or when a value
+    is given twice (two methods of one name)."""
+    if not values:
+        raise ValueError(f"{flag} needs at least one value, got {text!r}")
+    twice = sorted({repr(v) for v in values if values.count(v) > 1})
+    if twice:
+        raise ValueError(f"{flag} gives {', '.join(twice)} more than once ({text!r})")
+    return values
+
+
 def _int_list(text: str, flag: str = "--passes") -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -1620,7 +1654,7 @@ def _int_list(text: str, flag: str = "--passes") -> list[int]:
         raise ValueError(f"{flag} takes comma-separated integers, got {text!r}") from None
     if any(v < 0 for v in values):
         raise ValueError(f"{flag} takes integers >= 0, got {text!r}")
-    return values
+    return _distinct(values, flag, text)
 
 
 def select_methods(methods: list[Method], spec: str) -> list[Method]:
@@ -1637,9 +1671,10 @@ def select_methods(methods: list[Method], spec: str) -> list[Method]:
 def _on_off_list(text: str, flag: str = "--early-stop") -> list[bool]:
     table = {"on": True, "off": False, "true": True, "false": False, "1": True, "0": False}
     try:
-        return [table[x.strip().lower()] for x in text.split(",") if x.strip()]
+        values = [table[x.strip().lower()] for x in text.split(",") if x.strip()]
     except KeyError:
         raise argparse.ArgumentTypeError(f"{flag} takes on,off (got {text!r})") from None
+    return _distinct(values, flag, text)
 
 
 def _schedule_list(text: str) -> list[str]:
@@ -1648,16 +1683,17 @@ def _schedule_list(text: str) -> list[str]:
     bad = [v for v in values if v not in DRAFT_SCHEDULES]
     if bad or not values:
         raise ValueError(f"--schedule takes comma-separated values of {', '.join(DRAFT_SCHEDULES)}, got {text!r}")
-    return values
+    return _distinct(values, "--schedule", text)
 
 
 def _lookup_list(text: str) -> list[bool | str]:
     """--with-lookup: off / on (lookup first) / branch (lookup's continuation joins a tree), comma-separated."""
     items = [x.strip().lower() for x in text.split(",") if x.strip()]
     try:
-        return ["branch" if x == "branch" else _on_off_list(x, "--with-lookup")[0] for x in items]
+        values = ["branch" if x == "branch" else _on_off_list(x, "--with-lookup")[0] for x in items]
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"--with-lookup takes off, on and branch (got {text!r})") from None
+    return _distinct(values, "--with-lookup", text)
 
 
 def load_drafter(path: str, dtype: torch.dtype, device):
@@ -1729,7 +1765,7 @@ def _optional_ints(text: str, kind: type = int, flag: str = "--shortlist") -> li
         raise ValueError(f"{flag} takes comma-separated {kind.__name__}s or none, got {text!r}") from None
     if kind is int and any(v is not None and v < 1 for v in values):
         raise ValueError(f"{flag} takes positive integers or none, got {text!r}")
-    return values
+    return _distinct(values, flag, text)
 
 
 def _optional_floats(text: str) -> list[float | None]:
@@ -1791,7 +1827,13 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--from-results {source}: not a results.json written by `hf-xpress bench` ({error!r})")
         out_dir = Path(args.out) if args.out != DEFAULT_OUT else source.parent
         _check_out_dir(out_dir)
-        paths = write_outputs(results, out_dir)
+        if not results.get("runs"):
+            raise ValueError(f"--from-results {source}: the file holds no runs to summarise")
+        try:
+            paths = write_outputs(results, out_dir)  # built aside first: a failure leaves out_dir as it was
+        except (KeyError, TypeError, IndexError) as error:
+            raise ValueError(f"--from-results {source}: a field the report reads is missing or malformed ({error!r}); "
+                             "not a results.json written by this version of `hf-xpress bench`") from error
         print(results["headline"])
         print(f"wrote {paths['json']}, {paths['report']} and plots (re-summarized from {source})")
         return 1 if (args.fail_on_mismatch and results["mismatches"]) else 0  # as the run itself would have
@@ -1804,6 +1846,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--confidence takes comma-separated numbers, got {args.confidence!r}") from None
     if any(not 0.0 <= c < 1.0 for c in confidences):  # a draft probability threshold, as the drafter's config takes
         raise ValueError(f"--confidence takes thresholds in [0, 1), got {args.confidence!r}")
+    _distinct(confidences, "--confidence", args.confidence)
     options = dict(
         passes=_int_list(args.passes),
         early_stop=_on_off_list(args.early_stop),
@@ -1812,7 +1855,8 @@ def main(args: argparse.Namespace) -> int:
         confidences=confidences,
         schedules=_schedule_list(args.schedule),
         draft_vocabs=_on_off_list(args.draft_vocab, "--draft-vocab"),
-        prompt_lookup=None if args.no_prompt_lookup else args.prompt_lookup_tokens,
+        prompt_lookup=args.prompt_lookup_tokens,
+        lookup_alone=not args.no_prompt_lookup,
         native_dflash=not args.no_native_dflash,
         with_lookup=_lookup_list(args.with_lookup),
         trees=_optional_ints(args.tree, flag="--tree"),
@@ -1839,6 +1883,8 @@ def main(args: argparse.Namespace) -> int:
         if any(n is not None and n > most for n in options["drafts"]):
             raise ValueError(f"--drafts {args.drafts}: {label} drafts at most {most} tokens per round (block size "
                              f"{most + 1})")
+    if not args.block_only:
+        _check_options_apply(args, {_drafter_kind(d) for _, d in drafters})
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
 
     block = None
@@ -1855,6 +1901,8 @@ def main(args: argparse.Namespace) -> int:
                               **overrides)
         if args.block_only:
             out_dir.mkdir(parents=True, exist_ok=True)
+            for old in {path for pattern in OUTPUT_PATTERNS for path in out_dir.glob(pattern)}:
+                old.unlink()  # an earlier run's figures would read as this run's
             payload = _json_safe({"settings": settings, **block})
             (out_dir / "block_latency.json").write_text(json.dumps(payload, indent=1) + "\n")
             (out_dir / "block_latency.md").write_text(format_block_table(block) + "\n")
@@ -1874,6 +1922,9 @@ def main(args: argparse.Namespace) -> int:
             raise ValueError(f"--assistant {args.assistant}: not a model folder or Hub id ({err})") from err
         assistant = (_label(args.assistant), model.to(target.device).eval())
     methods = build_methods(drafters, assistant=assistant, **options)
+    if drafters and not any(m.ours for m in methods):
+        raise ValueError("these settings leave no method of ours to run for the drafters given (--with-lookup branch "
+                         "joins a tree: it needs --tree W, or add off / on to it)")
     if args.methods:
         methods = select_methods(methods, args.methods)
     sets = _load_sets(set_names, args.limit, target, tokenizer, args.max_new_tokens)
@@ -1897,13 +1948,20 @@ def main(args: argparse.Namespace) -> int:
 
 def _check_run_numbers(args: argparse.Namespace) -> None:
     """Refuse numbers that would crash deep inside a run, or run something other than asked, with the flag's name."""
-    temperatures = []
+    temperatures, keys = [], {}
     for t in args.temperature or [0.0]:  # none given: greedy
         if not (math.isfinite(t) and t >= 0):
             raise ValueError(f"--temperature takes 0 (greedy) or a positive number (sampling), got {t}")
-        if t not in temperatures:
-            temperatures.append(t)
-    args.temperature = temperatures  # a temperature given twice runs once
+        t = abs(t)  # -0.0: greedy, reported as T=0
+        if t in temperatures:
+            continue  # a temperature given twice runs once
+        key = f"T={t:g}"  # how the tables and files name it
+        if key in keys:
+            raise ValueError(f"--temperature {keys[key]!r} and {t!r} are both reported as {key}: give temperatures that "
+                             "differ in their first 6 significant digits")
+        keys[key] = t
+        temperatures.append(t)
+    args.temperature = temperatures
     for flag, value, least in (("--limit", args.limit, 1), ("--max-new-tokens", args.max_new_tokens, 1),
                                ("--threads", args.threads, 0), ("--block-repeats", args.block_repeats, 1),
                                ("--block-context", args.block_context, 8), ("--prompt-lookup-tokens",
@@ -1922,6 +1980,22 @@ def _check_run_numbers(args: argparse.Namespace) -> None:
     if not usable.get(device.type, False):  # else a traceback from deep inside the model's .to()
         raise ValueError(f"--device {args.device!r}: this torch has no usable {device.type} device "
                          f"(usable: {', '.join(k for k, v in usable.items() if v)})")
+
+
+def _check_options_apply(args: argparse.Namespace, kinds: set[str]) -> None:
+    """Refuse settings that no method of this run reads (the run went on without them): our drafters' settings
+    without a --drafter, xPress's without an xPress drafter, the shortlist without a Markov or xPress one."""
+    needs = (("--passes", args.passes != ",".join(map(str, DEFAULT_PASSES)), {"xpress"}),
+             ("--early-stop", args.early_stop != "on,off", {"xpress"}),
+             ("--shortlist", args.shortlist != "none" and not args.block_latency, {"xpress", "markov"}),
+             ("--drafts", args.drafts != "none", None), ("--confidence", args.confidence != "0", None),
+             ("--schedule", args.schedule != "constant", None), ("--draft-vocab", args.draft_vocab != "on", None),
+             ("--tree", args.tree != "none", None), ("--with-lookup", args.with_lookup != "off", None))
+    for flag, given, wanted in needs:
+        if given and not (kinds & wanted if wanted else kinds):
+            what = "our drafters" if wanted is None else " or ".join(sorted(wanted)) + " drafters"
+            raise ValueError(f"{flag} applies to {what}' methods, and no --drafter here is one: give one, or leave "
+                             f"{flag} out (it would change nothing)")
 
 
 def _check_out_dir(out_dir: Path) -> None:

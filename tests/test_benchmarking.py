@@ -618,6 +618,12 @@ def test_bench_checks_its_settings_before_loading_or_running(tmp_path, capsys):
         (["--sets", str(tmp_path / "nowhere.jsonl")], f"--sets: {tmp_path / 'nowhere.jsonl'} is not a file"),
         (["--sets", "mtbench,math500,mtbench"], "--sets: mtbench is given twice"),
         (["--out", str(afile / "sub")], f"--out {afile / 'sub'}: cannot create the output folder"),
+        # a helper's sweep: these ran without any method of ours, or named the wrong cause
+        (["--passes", ""], "--passes needs at least one value, got ''"),
+        (["--early-stop", ","], "--early-stop needs at least one value"),
+        (["--passes", "1,1"], "--passes gives 1 more than once"),
+        (["--shortlist", "none,64,none"], "--shortlist gives None more than once"),
+        (["--temperature", "0.7", "--temperature", "0.7000001"], "are both reported as T=0.7"),
     ]
     for flags, message in cases:
         assert cli_main(["bench", "--target", missing, *flags]) == 2, flags
@@ -645,8 +651,9 @@ def test_bench_refuses_bad_folders_duplicate_sets_and_an_empty_run(tmp_path, lla
     builtin.write_text(prompts.read_text())
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    drafter = tmp_path / "drafter"
+    drafter, dflash = tmp_path / "drafter", tmp_path / "dflash"
     tiny_drafter(llama, "xpress").save_pretrained(drafter)
+    tiny_drafter(llama, None).save_pretrained(dflash)
     cases = [
         (["--drafter", str(tmp_path / "nowhere")], "--drafter " + str(tmp_path / "nowhere") + ": not a drafter folder"),
         (["--drafter", str(target_dir)], "holds a LlamaModel, not an xPress / dFlash drafter"),
@@ -657,10 +664,57 @@ def test_bench_refuses_bad_folders_duplicate_sets_and_an_empty_run(tmp_path, lla
         (["--sets", str(empty)], "no prompts to run"),
         (["--drafter", str(drafter), "--drafter", str(drafter), "--passes", "1", "--early-stop", "on"],  # names only
          "duplicate method names: ['xpress[drafter] K=1 es'] (the same drafter folder given twice"),     # the twins
+        # settings no method reads: the run went on without them (a helper's sweep)
+        (["--tree", "2"], "--tree applies to our drafters' methods, and no --drafter here is one"),
+        (["--sets", str(prompts), "--drafter", str(dflash), "--passes", "2"],
+         "--passes applies to xpress drafters' methods"),
+        (["--sets", str(prompts), "--drafter", str(dflash), "--shortlist", "8"],
+         "--shortlist applies to markov or xpress drafters' methods"),
+        (["--sets", str(prompts), "--drafter", str(drafter), "--with-lookup", "branch"],
+         "these settings leave no method of ours to run"),
     ]
     for flags, message in cases:
         assert cli_main([*base, *flags]) == 2, flags
         assert message in capsys.readouterr().err, flags
+
+
+def test_a_run_replaces_an_earlier_runs_files_and_a_bad_results_file_changes_nothing(tmp_path, llama, capsys):
+    """A second run into the same --out left the first run's T=1 plots beside its own figures; --from-results on a
+    file the report cannot be made from crashed with a KeyError after rewriting results.json (a helper's sweep)."""
+    target_dir, out = tmp_path / "target", tmp_path / "out"
+    llama.save_pretrained(target_dir)
+    _char_tokenizer().save_pretrained(target_dir)
+    tiny_drafter(llama, "xpress").save_pretrained(tmp_path / "xp")
+    base = ["bench", "--target", str(target_dir), "--drafter", str(tmp_path / "xp"), "--sets", str(_prompt_file(tmp_path)),
+            "--limit", "1", "--max-new-tokens", "6", "--passes", "1", "--early-stop", "on", "--no-native-dflash",
+            "--threads", "1", "--no-progress", "--out", str(out)]
+    (out / "notes.txt").parent.mkdir(parents=True)
+    (out / "notes.txt").write_text("mine")  # not ours: stays
+    assert cli_main([*base, "--temperature", "0", "--temperature", "1"]) == 0
+    assert {p.name for p in out.glob("*_T1.png")}
+    assert cli_main([*base, "--temperature", "0"]) == 0
+    assert not list(out.glob("*_T1.png")) and (out / "notes.txt").read_text() == "mine"
+    assert not [p for p in out.iterdir() if p.name.startswith(".bench-")]  # the staging folder is gone
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    broken = json.loads((out / "results.json").read_text())
+    del broken["meta"]["started"]
+    (tmp_path / "broken.json").write_text(json.dumps(broken))
+    capsys.readouterr()
+    assert cli_main(["bench", "--from-results", str(tmp_path / "broken.json"), "--out", str(out)]) == 2
+    assert "a field the report reads is missing or malformed" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    broken = json.loads((out / "results.json").read_text())
+    broken["runs"] = []
+    (tmp_path / "empty.json").write_text(json.dumps(broken))
+    assert cli_main(["bench", "--from-results", str(tmp_path / "empty.json"), "--out", str(out)]) == 2
+    assert "holds no runs to summarise" in capsys.readouterr().err
+
+
+def test_lookup_tokens_apply_to_our_lookup_methods_without_the_lookup_baseline(llama):
+    methods = build_methods([("xp", tiny_drafter(llama, "xpress"))], passes=[1], early_stop=[True], prompt_lookup=3,
+                            lookup_alone=False, native_dflash=False, with_lookup=[True])
+    assert [m.name for m in methods] == ["plain", "xpress K=1 es +pld"]  # no prompt-lookup baseline
+    assert methods[1].generate_kwargs["prompt_lookup_num_tokens"] == 3  # was the default 10
 
 
 def test_prompt_tokens_equal_to_the_pad_id_are_not_masked(llama):

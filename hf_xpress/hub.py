@@ -114,11 +114,14 @@ def card_sections(folder: str | os.PathLike) -> dict[str, str]:
         return {}
     if _CARD_MARKER not in text:
         return {}
+    # A section ends at the template's next heading only: a training text may have "## " headings of its own.
+    headings = [*CARRIED_SECTIONS, "Without hf-xpress: `custom_generate`"]
+    starts = {h: m for h in headings if (m := re.search(rf"^## {re.escape(h)}[ \t]*$", text, re.MULTILINE))}
     sections: dict[str, str] = {}
-    for part in re.split(r"^## ", text, flags=re.MULTILINE)[1:]:
-        heading, _, body = part.partition("\n")
-        if heading.strip() in CARRIED_SECTIONS:
-            sections[heading.strip()] = body.strip()
+    for name in CARRIED_SECTIONS:
+        if name in starts:
+            ends = [m.start() for h, m in starts.items() if m.start() > starts[name].start()]
+            sections[name] = text[starts[name].end() : min(ends, default=len(text))].strip()
     return sections
 
 
@@ -136,8 +139,8 @@ def _carried_sections(drafter) -> dict[str, str]:
     except ConversionError:
         return {}
     state = drafter.state_dict()
-    if saved.keys() != state.keys() or not all(
-        torch.equal(saved[k], state[k].detach().to("cpu", saved[k].dtype)) for k in saved
+    if saved.keys() != state.keys() or not all(  # compared in the loaded dtype: a float32 folder loaded in bf16 is it
+        torch.equal(saved[k].to(state[k].dtype), state[k].detach().cpu()) for k in saved
     ):
         logger.warning("%s has a model card, but the drafter's weights are no longer the ones saved there: its "
                        "training and measured acceptance are not carried into the new card.", folder)

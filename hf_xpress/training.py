@@ -1221,10 +1221,13 @@ def data_main(args: argparse.Namespace) -> int:
     if beyond:  # before any collection: label_dataset checks again for its other callers
         raise ValueError(f"--layer-ids {beyond} are outside the target's {depth} layers (ids are 0-based).")
     resuming = (out / "manifest.json").exists() and not args.extend
-    if resuming:  # its sequences are collected (and regenerated) already: their length is what the labelling runs
-        _check_target_positions(target, Dataset.load(out).manifest, "")
+    if resuming:  # its sequences exist (this command's --max-len no longer applies): their own lengths decide
+        _check_sequence_positions(target, Dataset.load(out), str(out))
     else:
         _check_target_positions(target, vars(args), args.source)
+        for kind, _, arg in (spec.partition(":") for spec in args.source.split(",")):
+            if kind == "dataset":  # taken whole, never cut to --max-len
+                _check_sequence_positions(target, Dataset.load(arg), arg)
     if target.device.type == "cpu":
         keep_freed_memory()  # the labelling forwards' hidden states, as the trainer's score tensors
     if args.extend:
@@ -1258,8 +1261,8 @@ def data_main(args: argparse.Namespace) -> int:
 def _check_target_positions(target: Any, lengths: dict, sources: str) -> None:
     """Refuse sequence lengths past the target's position limit (`max_position_embeddings`), before any collection:
     a target with learned positions (GPT-2) crashed inside torch after the sequences were written, and a RoPE
-    target was labelled past the context it was trained on. `lengths`: `max_len`, `max_prompt`, `max_new_tokens`
-    (this command's options, or a resumed dataset's manifest); regeneration runs prompt + new tokens through it."""
+    target was labelled past the context it was trained on. `lengths`: this command's `max_len`, `max_prompt`,
+    `max_new_tokens`; regeneration runs prompt + new tokens through the target."""
     limit = _target_field(target.config.get_text_config(), "max_position_embeddings")
     if not isinstance(limit, int):
         return
@@ -1272,6 +1275,16 @@ def _check_target_positions(target: Any, lengths: dict, sources: str) -> None:
         raise ValueError(f"regeneration runs a prompt of up to --max-prompt {lengths['max_prompt']} tokens plus "
                          f"--max-new-tokens {lengths['max_new_tokens']} through the target, past its {limit} positions "
                          "(max_position_embeddings); lower them so that their sum is at most that")
+
+
+def _check_sequence_positions(target: Any, data: Dataset, where: str) -> None:
+    """`_check_target_positions` for sequences that exist already (a resumed dataset, a `dataset:` source)."""
+    limit = _target_field(target.config.get_text_config(), "max_position_embeddings")
+    longest = int(np.diff(data.offsets).max()) if data.num_sequences else 0
+    if isinstance(limit, int) and longest > limit:
+        raise ValueError(f"{where}: its longest sequence has {longest} tokens, past the target's {limit} positions "
+                         "(max_position_embeddings); label it with a target of a longer context, or rebuild it with a "
+                         "smaller --max-len")
 
 
 def _check_dataset_target(args: argparse.Namespace, manifest: dict, vocab_size: int) -> None:
@@ -2970,8 +2983,17 @@ def ship_main(args: argparse.Namespace) -> int:
 
 
 def _same_target(a: str, b: str) -> bool:
-    """Whether two `--target` values name one target: the same alias / Hub id, or paths to the same folder."""
-    return a == b or (Path(a).exists() and Path(b).exists() and Path(a).resolve() == Path(b).resolve())
+    """Whether two `--target` values name one target: the same Hub id or folder, or aliases of one packaged model
+    (`smollm2`, `default`, ...; also its converted folder in the default cache)."""
+    from .assets import GGUF_MODELS, default_cache_root
+
+    def canonical(name: str) -> str:
+        if name in GGUF_MODELS:
+            name = str(default_cache_root() / GGUF_MODELS[name].name)  # where `materialize` converts it
+        path = Path(name).expanduser()
+        return str(path.resolve()) if path.exists() else name
+
+    return a == b or canonical(a) == canonical(b)
 
 
 def _is_shipped(folder: Path) -> bool:

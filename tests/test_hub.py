@@ -564,6 +564,13 @@ def test_push_keeps_the_source_cards_training_and_measurements_while_the_weights
                                                        "Measured acceptance": "Not measured yet.",
                                                        "Limitations": "Trained on a small budget; see the training "
                                                                       "section."}
+    # a training text with "## " headings of its own is carried whole (it was cut at its first one)
+    notes = "Trained on ShareGPT.\n\n## Data\n\n1500 conversations.\n\n## Budget\n\nTwo hours."
+    hub.publish(XPressDrafterModel.from_pretrained(source), tmp_path / "notes", target="t", training=notes)
+    assert hub.card_sections(tmp_path / "notes")["Training"] == notes
+    hub.publish(XPressDrafterModel.from_pretrained(tmp_path / "notes", dtype=torch.bfloat16), tmp_path / "cast",
+                target="t")  # loaded in another dtype than saved: the same weights, the card carried
+    assert hub.card_sections(tmp_path / "cast")["Training"] == notes
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "README.md").write_text("# Someone's model\n\n## Training\n\nTheirs.\n")
     assert hub.card_sections(tmp_path / "other") == {}  # another project's card is never read as ours

@@ -1153,6 +1153,15 @@ def test_data_refuses_lengths_past_the_targets_positions(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="--max-len 512 is past the target's 64 positions"):
         T.data_main(parser.parse_args(["data", "--source", "stdlib", "--out", str(tmp_path / "ds")]))
     assert not (tmp_path / "ds").exists()
+    # sequences that exist already (a dataset: source, taken whole; a dataset resumed): their own lengths decide
+    make_dataset(tmp_path / "long", tiny_llama(), num_seqs=4, length=100)
+    with pytest.raises(ValueError, match="long: its longest sequence has 100 tokens, past the target's 64 positions"):
+        T.data_main(parser.parse_args(["data", "--source", f"dataset:{tmp_path / 'long'}", "--max-len", "64",
+                                       "--out", str(tmp_path / "ds")]))
+    with pytest.raises(ValueError, match="long: its longest sequence has 100 tokens"):
+        T.data_main(parser.parse_args(["data", "--max-len", "64", "--out", str(tmp_path / "long")]))
+    make_dataset(tmp_path / "short", tiny_llama(), num_seqs=4, length=40)
+    T.data_main(parser.parse_args(["data", "--out", str(tmp_path / "short")]))  # resumed: --max-len 512 is moot
 
 
 def test_warmup_zero_trains_from_the_first_step(tmp_path):
@@ -2049,6 +2058,25 @@ def test_two_processes_train_resume_and_count_like_one(two_process_setup, tmp_pa
     one4 = T.Trainer(dataclasses.replace(cfg, batch_size=4), target=target)  # 1 process x 4 reads what 2 x 2 read
     read = [i for _ in range(6 * cfg.grad_accum) for i in one4._next_indices()]
     assert history["state"]["tokens"] == sum(len(one4.data.sequence(i)[0]) for i in read)
+
+
+def test_two_processes_train_as_one_process_reading_the_same_blocks(two_process_setup, tmp_path):
+    """2 processes x --batch-size 2 --grad-accum 2 = 1 process x --batch-size 4 --grad-accum 2: the step's loss is the
+    slot-weighted mean over every micro-batch of every process (DDP averages gradients over processes; the trainer
+    rescales them). Anchors at every position (--anchors-per-seq above any sequence's span), so both read the same
+    blocks whatever their generators draw. (A mean of per-process means differed by ~1e-2 here.)"""
+    target_dir, data = two_process_setup
+    common = ["-m", "hf_xpress.training", "train", "--target", str(target_dir), "--data", str(data), *_TWO_PROCESS_ARGS,
+              "--anchors-per-seq", "100", "--max-steps", "3", "--eval-every", "0"]
+    _two_processes(*common, "--out", str(tmp_path / "two"), workdir=tmp_path)
+    parser = argparse.ArgumentParser()
+    T._train_arguments(parser)
+    cfg = T.train_config(parser.parse_args([*common[3:], "--out", str(tmp_path / "one")]))
+    T.Trainer(dataclasses.replace(cfg, batch_size=4), target=LlamaForCausalLM.from_pretrained(target_dir)).run()
+    two = XPressDrafterModel.from_pretrained(tmp_path / "two" / "final")
+    one = XPressDrafterModel.from_pretrained(tmp_path / "one" / "final")
+    for (name, a), (_, b) in zip(two.named_parameters(), one.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_two_processes_skip_a_step_that_is_not_finite_on_one_of_them(two_process_setup, tmp_path):

@@ -12,8 +12,8 @@ Two entry points:
   gap there (a near-tie in low precision, or a bug if the gap is large). Writes ``results.json`` (every figure),
   ``report.md`` (tables) and PNG plots into ``--out``.
 * :func:`block_latency` (CLI: ``hf-xpress bench --block-only``): per-block micro-benchmark at block size B: the
-  drafter forward (+ base logits through the target's lm_head), refiner time for K = 1..8 (fixed passes, early stop
-  off), the Markov head's sequential decode, the refiner's pieces (w2 read vs lm_head), and the target's verify
+  drafter forward (+ base logits through the target's lm_head), refiner time for K = 0..8 (0: the seed; fixed passes,
+  early stop off), the Markov head's sequential decode, the refiner's pieces (w2 read vs lm_head), and the target's verify
   forward over B tokens against one decode step. Median of repeats; device-generic (synchronises on CUDA), so the
   same function times Qwen3-8B sizes on a GPU.
 

@@ -147,8 +147,8 @@ class DraftCountPlanner:
     least-squares line a + b n through the mean round time (draft, refine, verify and transformers' bookkeeping, from
     one round's start to the next's) at each n tried; T(0) is the plain step's own mean. The first rounds try `most`,
     1, 0 and `most` (the first one's time is dropped: warm-up). Plain steps are taken only where they beat the best
-    count by `PLAIN_MARGIN` (they teach nothing about acceptance, and the rates are noisy), and while they do, every
-    `probe`-th round still drafts (the best n >= 1), so the figures keep up with the text. Nothing here looks at the drafts themselves, so
+    count by `PLAIN_MARGIN` (they teach nothing about acceptance, and the rates are noisy), and while they do, a round
+    after `probe` plain steps in a row still drafts (the best n >= 1), so the figures keep up with the text. Nothing here looks at the drafts themselves, so
     sampling stays exact: how many drafts a round submits depends on earlier rounds only.
 
     Where verifying more tokens costs little (a GPU), it settles on `most`; where every verified token costs (a CPU),

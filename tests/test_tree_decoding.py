@@ -728,19 +728,37 @@ def test_generates_own_streamer_and_stop_strings_reach_the_tree(target):
     assert torch.equal(out, expected)
 
 
-def test_a_sliding_window_target_is_refused_with_the_reason():
-    """Also when the caller passes a plain DynamicCache(), whose layers are full-attention whatever the model: the
-    tree's 4D mask then replaced the sliding-window mask and verify forwards attended past the window (other tokens
-    than plain generate, gaps far from ties; found by a helper's sweep)."""
-    from transformers import DynamicCache
-
+def test_a_sliding_window_target_is_refused_where_the_window_bites():
+    """A sequence longer than the window is refused, also when the caller passes a plain DynamicCache(), whose layers
+    are full-attention whatever the model: the tree's 4D mask then replaced the sliding-window mask and verify
+    forwards attended past the window (other tokens than plain generate, gaps far from ties; found by a helper's
+    sweep)."""
     target = tiny_target("qwen3", layer_types=["sliding_attention", "full_attention"] * 3, sliding_window=8,
                          use_sliding_window=True)
     drafter = tiny_drafter(target)
     for cache in ({}, {"cache": DynamicCache()}):
-        with pytest.raises(ValueError, match="DynamicCache of full-attention layers"):
+        with pytest.raises(ValueError, match="DynamicCache of full-attention layers.*max_length 9 is past window 8"):
             _tree_generate(target, torch.randint(0, 126, (1, 5)), drafter, 2, max_new_tokens=4, **cache)
         assert cache.get("cache", DynamicCache()).get_seq_length() == 0  # refused before the prefill
+
+
+@pytest.mark.parametrize("own_cache", [False, True])
+def test_a_sliding_window_target_is_served_while_the_sequence_fits_its_window(oracle, own_cache):
+    """Mistral, Gemma 2 / 3, Qwen2 with a window: trees ran on none of them. While max_length fits the window, a query
+    sees every earlier key under either mask, so their layers are kept as full-attention ones: exact, with rounds that
+    accept drafts from side branches, and both caches hold exactly the accepted path."""
+    target = tiny_target("qwen3", layer_types=["sliding_attention", "full_attention"] * 3, sliding_window=64,
+                         use_sliding_window=True)
+    drafter = tiny_drafter(target, num_assistant_tokens=5)
+    ids = torch.randint(0, 126, (1, 9), generator=torch.Generator().manual_seed(4))
+    plain = target.generate(ids, max_new_tokens=55, do_sample=False)  # 64 tokens: the whole window
+    oracle["continuation"] = plain[0]
+    cache = DynamicCache(config=target.config) if own_cache else None  # the model's own layout: sliding layers
+    ours = _tree_generate(target, ids, drafter, 3, max_new_tokens=55, **({"cache": cache} if own_cache else {}))
+    assert torch.equal(ours, plain) and max(drafter.stats.accepted) >= 3
+    if own_cache:  # the caller's object holds the path (its empty sliding layers became full ones)
+        _assert_cache_matches_a_fresh_forward(target, cache, ours)
+    assert_drafter_context_is(oracle["generators"][-1], target, ours)
 
 
 @pytest.mark.parametrize("kind", ["bloom", "falcon", "mpt"])

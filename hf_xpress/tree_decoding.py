@@ -53,7 +53,7 @@ sampling only, a prompt given as token ids at positions 0..n-1 (no `inputs_embed
 already holds tokens), token ids returned (no `return_dict_in_generate`), no `assistant_ensemble_weight`, and a cache
 of full-attention `DynamicLayer`s (the default cache of decoder-only models without sliding-window or linear-attention
 layers; sliding-window layers whose window covers `max_length` are kept as full-attention ones, see
-`_widen_covering_windows`); and, as on chains, no option that scoring drafts would get wrong (`check_generation_options`).
+`_prepare_cache`); and, as on chains, no option that scoring drafts would get wrong (`check_generation_options`).
 """
 
 from __future__ import annotations
@@ -153,13 +153,25 @@ def _check_cache(cache, filled: bool = True) -> None:
         )
 
 
-def _widen_covering_windows(cache: DynamicCache, max_length: int) -> None:
-    """Empty sliding-window layers of `cache` whose window covers `max_length` become full-attention `DynamicLayer`s,
-    in place: a query then sees every earlier key under either, so the tree's mask may stand for the window's (and
-    the accepted path's entries can be kept, which a sliding layer's trimming would not allow)."""
-    for i, layer in enumerate(cache.layers):
-        if type(layer) is DynamicSlidingWindowLayer and not layer.is_initialized and layer.sliding_window >= max_length:
-            cache.layers[i] = DynamicLayer()
+def _prepare_cache(cache, max_length: int) -> None:
+    """Refuse a cache the tree cannot keep the accepted path in (`_check_cache`, before the prefill), having first
+    counted the empty sliding-window layers whose window covers `max_length` as full-attention ones: a query then sees
+    every earlier key under either mask, so the tree's mask may stand for the window's. Only a cache that passes is
+    changed: those layers become `DynamicLayer`s, in place."""
+    if not isinstance(cache, DynamicCache):
+        _check_cache(cache, filled=False)  # refuses it
+    layers = [DynamicLayer() if type(layer) is DynamicSlidingWindowLayer and not layer.is_initialized
+              and layer.sliding_window >= max_length else layer for layer in cache.layers]
+    trial = DynamicCache()
+    trial.layers = layers
+    try:
+        _check_cache(trial, filled=False)
+    except ValueError as err:
+        windows = sorted({layer.sliding_window for layer in layers if type(layer) is DynamicSlidingWindowLayer})
+        hint = (f" (sliding-window layers are served while the whole sequence fits their window: max_length "
+                f"{max_length} is past window {windows[0]})") if windows else ""
+        raise ValueError(f"{err}{hint}") from None
+    cache.layers[:] = layers
 
 
 def _pick(scores: torch.Tensor, sample: bool) -> torch.LongTensor:
@@ -299,23 +311,14 @@ def tree_decoding(
         raise ValueError("tree_decoding places the prompt at positions 0..n-1 and does not take position_ids.")
     # The model's own cache layout decides, also when the caller passes a cache: a plain DynamicCache() has
     # full-attention layers whatever the model is, and the tree's 4D mask would replace a sliding-window layer's.
-    # Sliding-window layers are served while the whole sequence fits their window (`_widen_covering_windows`).
-    max_length = generation_config.max_length
+    # Sliding-window layers are served while the whole sequence fits their window (`_prepare_cache`).
     own = DynamicCache(config=model.config)
-    _widen_covering_windows(own, max_length)
-    try:
-        _check_cache(own, filled=False)
-    except ValueError as err:
-        windows = sorted({layer.sliding_window for layer in own.layers if type(layer) is DynamicSlidingWindowLayer})
-        hint = (f" (sliding-window layers are served while the whole sequence fits their window: max_length "
-                f"{max_length} is past window {windows[0]})") if windows else ""
-        raise ValueError(f"{err}{hint}") from None
+    _prepare_cache(own, generation_config.max_length)
     cache = model_kwargs.get("cache")
     if cache is None:
         cache = own
     else:  # before the prefill, which would fill a cache the tree then refuses
-        _widen_covering_windows(cache, max_length)
-        _check_cache(cache, filled=False)
+        _prepare_cache(cache, generation_config.max_length)
     generator = XPressCandidateGenerator(model, drafter, generation_config, logits_processor, tokenizer)
     if lookup_branch and generator.lookup is None:
         raise ValueError("lookup_branch=True adds prompt lookup's continuation to the tree: it needs "

@@ -742,6 +742,20 @@ def test_a_sliding_window_target_is_refused_where_the_window_bites():
         assert cache.get("cache", DynamicCache()).get_seq_length() == 0  # refused before the prefill
 
 
+def test_a_refused_callers_cache_is_left_as_it_was():
+    """A cache the tree refuses is not changed: its covering sliding layers were turned into full ones before the
+    check refused another layer, and a later plain generate with it crashed (a helper's review)."""
+    target = tiny_target("qwen3", layer_types=["sliding_attention", "full_attention"] * 3, sliding_window=8,
+                         use_sliding_window=True)
+    cache = DynamicCache(config=target.config)
+    empty = torch.zeros(1, 2, 0, 16)
+    cache.layers[2].lazy_initialization(empty, empty)  # started, still empty: a layer the tree cannot take
+    before = [type(layer) for layer in cache.layers]
+    with pytest.raises(ValueError, match="DynamicCache of full-attention layers"):
+        _tree_generate(target, torch.randint(0, 126, (1, 3)), tiny_drafter(target), 2, max_new_tokens=4, cache=cache)
+    assert [type(layer) for layer in cache.layers] == before
+
+
 @pytest.mark.parametrize("own_cache", [False, True])
 def test_a_sliding_window_target_is_served_while_the_sequence_fits_its_window(oracle, own_cache):
     """Mistral, Gemma 2 / 3, Qwen2 with a window: trees ran on none of them. While max_length fits the window, a query

@@ -59,6 +59,11 @@ from .configuration_xpress import DRAFT_SCHEDULES, INFERENCE_SETTINGS
 
 PLAIN = "plain"
 DEFAULT_PASSES = (1, 2, 4, 6, 8)
+# The command line's defaults for our methods' settings (`add_parser`); one set to anything else asks for a drafter
+# that reads it (`_check_options_apply`).
+METHOD_SETTING_DEFAULTS = {"passes": ",".join(map(str, DEFAULT_PASSES)), "early_stop": "on,off", "shortlist": "none",
+                           "drafts": "none", "draft_vocab": "on", "schedule": "constant", "confidence": "0",
+                           "tree": "none", "with_lookup": "off"}
 DEFAULT_SETS = ("humaneval", "mtbench", "math500")
 PROMPT_LOOKUP_TOKENS = 10
 DEFAULT_OUT = "results/bench"
@@ -924,6 +929,12 @@ OUTPUT_PATTERNS = ("results.json", "report.md", "tau_*.png", "slot_acceptance_*.
                    "block_latency.md")
 
 
+def _remove_earlier_outputs(out: Path) -> None:
+    """Delete an earlier run's files in `out` (`OUTPUT_PATTERNS`), which would read as this run's."""
+    for old in {path for pattern in OUTPUT_PATTERNS for path in out.glob(pattern)}:
+        old.unlink()
+
+
 def write_outputs(results: dict, out_dir: str | os.PathLike) -> dict[str, Path]:
     """Write ``results.json``, the PNG plots and ``report.md`` into `out_dir`; return their paths.
 
@@ -940,8 +951,7 @@ def write_outputs(results: dict, out_dir: str | os.PathLike) -> dict[str, Path]:
         plots = make_plots(results, staged)
         (staged / "report.md").write_text(render_report(results, {k: v.name for k, v in plots.items()}),
                                           encoding="utf-8")
-        for old in {path for pattern in OUTPUT_PATTERNS for path in out.glob(pattern)}:
-            old.unlink()
+        _remove_earlier_outputs(out)
         for path in staged.iterdir():
             os.replace(path, out / path.name)
     return {"json": out / "results.json", **{k: out / v.name for k, v in plots.items()}, "report": out / "report.md"}
@@ -1901,8 +1911,7 @@ def main(args: argparse.Namespace) -> int:
                               **overrides)
         if args.block_only:
             out_dir.mkdir(parents=True, exist_ok=True)
-            for old in {path for pattern in OUTPUT_PATTERNS for path in out_dir.glob(pattern)}:
-                old.unlink()  # an earlier run's figures would read as this run's
+            _remove_earlier_outputs(out_dir)
             payload = _json_safe({"settings": settings, **block})
             (out_dir / "block_latency.json").write_text(json.dumps(payload, indent=1) + "\n")
             (out_dir / "block_latency.md").write_text(format_block_table(block) + "\n")
@@ -1948,20 +1957,17 @@ def main(args: argparse.Namespace) -> int:
 
 def _check_run_numbers(args: argparse.Namespace) -> None:
     """Refuse numbers that would crash deep inside a run, or run something other than asked, with the flag's name."""
-    temperatures, keys = [], {}
+    keys: dict[str, float] = {}  # how the tables and files name each temperature: "T=0.7"
     for t in args.temperature or [0.0]:  # none given: greedy
         if not (math.isfinite(t) and t >= 0):
             raise ValueError(f"--temperature takes 0 (greedy) or a positive number (sampling), got {t}")
         t = abs(t)  # -0.0: greedy, reported as T=0
-        if t in temperatures:
-            continue  # a temperature given twice runs once
-        key = f"T={t:g}"  # how the tables and files name it
-        if key in keys:
+        key = f"T={t:g}"
+        if keys.get(key, t) != t:
             raise ValueError(f"--temperature {keys[key]!r} and {t!r} are both reported as {key}: give temperatures that "
                              "differ in their first 6 significant digits")
-        keys[key] = t
-        temperatures.append(t)
-    args.temperature = temperatures
+        keys[key] = t  # a temperature given twice runs once
+    args.temperature = list(keys.values())
     for flag, value, least in (("--limit", args.limit, 1), ("--max-new-tokens", args.max_new_tokens, 1),
                                ("--threads", args.threads, 0), ("--block-repeats", args.block_repeats, 1),
                                ("--block-context", args.block_context, 8), ("--prompt-lookup-tokens",
@@ -1985,13 +1991,10 @@ def _check_run_numbers(args: argparse.Namespace) -> None:
 def _check_options_apply(args: argparse.Namespace, kinds: set[str]) -> None:
     """Refuse settings that no method of this run reads (the run went on without them): our drafters' settings
     without a --drafter, xPress's without an xPress drafter, the shortlist without a Markov or xPress one."""
-    needs = (("--passes", args.passes != ",".join(map(str, DEFAULT_PASSES)), {"xpress"}),
-             ("--early-stop", args.early_stop != "on,off", {"xpress"}),
-             ("--shortlist", args.shortlist != "none" and not args.block_latency, {"xpress", "markov"}),
-             ("--drafts", args.drafts != "none", None), ("--confidence", args.confidence != "0", None),
-             ("--schedule", args.schedule != "constant", None), ("--draft-vocab", args.draft_vocab != "on", None),
-             ("--tree", args.tree != "none", None), ("--with-lookup", args.with_lookup != "off", None))
-    for flag, given, wanted in needs:
+    needs = {"passes": {"xpress"}, "early_stop": {"xpress"}, "shortlist": {"xpress", "markov"}}  # others: any of ours
+    for dest, default in METHOD_SETTING_DEFAULTS.items():
+        given = getattr(args, dest) != default and not (dest == "shortlist" and args.block_latency)  # it times that
+        wanted, flag = needs.get(dest), "--" + dest.replace("_", "-")
         if given and not (kinds & wanted if wanted else kinds):
             what = "our drafters" if wanted is None else " or ".join(sorted(wanted)) + " drafters"
             raise ValueError(f"{flag} applies to {what}' methods, and no --drafter here is one: give one, or leave "
@@ -2044,23 +2047,24 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, action="append",
                    help="0 (greedy, checked against plain generate) and/or 1 (sampling); repeatable; default 0")
-    p.add_argument("--passes", default=",".join(map(str, DEFAULT_PASSES)), help="xPress K values, e.g. 1,2,4,6,8")
-    p.add_argument("--early-stop", default="on,off", help="xPress early stop settings to run: on,off | on | off")
-    p.add_argument("--shortlist", default="none",
+    d = METHOD_SETTING_DEFAULTS
+    p.add_argument("--passes", default=d["passes"], help="xPress K values, e.g. 1,2,4,6,8")
+    p.add_argument("--early-stop", default=d["early_stop"], help="xPress early stop settings to run: on,off | on | off")
+    p.add_argument("--shortlist", default=d["shortlist"],
                    help="xPress refiner_shortlist values to run, e.g. none,64 (none: the full vocabulary); "
                    "--block-only uses the last one")
-    p.add_argument("--drafts", default="none",
+    p.add_argument("--drafts", default=d["drafts"],
                    help="drafts per round (num_assistant_tokens) for our methods, e.g. none,2,4 (none: B-1)")
-    p.add_argument("--draft-vocab", default="on",
+    p.add_argument("--draft-vocab", default=d["draft_vocab"],
                    help="for drafters that store a draft vocabulary: on (use it), off (whole vocabulary) or on,off")
-    p.add_argument("--schedule", default="constant",
+    p.add_argument("--schedule", default=d["schedule"],
                    help="num_assistant_tokens_schedule values for our chain methods, e.g. constant,cost ('cost': each "
                    "round's drafts, up to --drafts, from the acceptance and round times measured so far)")
-    p.add_argument("--confidence", default="0",
+    p.add_argument("--confidence", default=d["confidence"],
                    help="assistant_confidence_threshold values for our methods, e.g. 0,0.3 (0: off)")
     p.add_argument("--methods", help="only these methods (names or kinds: pld, assisted, native-dflash, dflash, "
                    "markov, xpress, 'xpress K=4 es'; a method's exact name wins over a kind); plain always runs")
-    p.add_argument("--tree", default="none",
+    p.add_argument("--tree", default=d["tree"],
                    help="our methods with tree verification of this many slot-1 branches (hf_xpress.tree_decoding; "
                    "names end in ' tree<W>'), e.g. none,2,3 (none: chain verification)")
     p.add_argument("--tree-budget", default="none",
@@ -2070,7 +2074,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="with --tree-budget: dynamic trees ranking their nodes at these temperatures (tree_temperature; "
                    "names carry ' t<T>'), e.g. none,1.5 (none: each drafter's own)")
     p.add_argument("--prompt-lookup-tokens", type=int, default=PROMPT_LOOKUP_TOKENS)
-    p.add_argument("--with-lookup", default="off",
+    p.add_argument("--with-lookup", default=d["with_lookup"],
                    help="our methods with prompt lookup first (drafter rounds only where lookup finds nothing; "
                    "names end in ' +pld'), and with 'branch' our tree methods with lookup's continuation joining "
                    "the drafter's tree (names end in ' +pldb'): e.g. off, on, off,on,branch")

@@ -850,6 +850,13 @@ def target_fingerprint(target) -> str:
     return digest.hexdigest()[:16]
 
 
+def check_feature_cache_folder(folder: Path) -> None:
+    """Refuse a `--feature-cache` path that is a file (the cache is a folder: new, or one a labelling filled)."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"--feature-cache {folder} is a file; the feature cache is a folder (new or one this data's "
+                         "labelling filled)")
+
+
 class FeatureCache:
     """Local, uncommitted cache of target features: `[T, (n+1)*H]` bf16 (stored as uint16), rows aligned with the
     dataset's tokens: `cat(hidden_states[i+1] for i in layer_ids)` then the final (normed) hidden state.
@@ -861,9 +868,7 @@ class FeatureCache:
     def __init__(self, folder: str | os.PathLike, num_tokens: int, width: int, layer_ids: list[int], mode: str = "r",
                  data: Dataset | None = None, target: Any | None = None):
         self.folder = Path(folder)
-        if self.folder.exists() and not self.folder.is_dir():
-            raise ValueError(f"--feature-cache {self.folder} is a file; the feature cache is a folder (new or one "
-                             "this data's labelling filled)")
+        check_feature_cache_folder(self.folder)
         self.layer_ids = list(layer_ids)
         self.width = width
         fingerprint = None if target is None else target_fingerprint(target)
@@ -1203,8 +1208,8 @@ def _check_data_numbers(args: argparse.Namespace) -> list[int] | None:
     layer_ids = parse_layer_ids(args.layer_ids) if args.layer_ids else None
     if args.feature_cache and layer_ids is None:
         raise ValueError("--feature-cache needs --layer-ids (the drafter's target_layer_ids)")
-    if args.feature_cache and Path(args.feature_cache).exists() and not Path(args.feature_cache).is_dir():
-        raise ValueError(f"--feature-cache {args.feature_cache} is a file; the feature cache is a folder")
+    if args.feature_cache:  # before collecting: `FeatureCache` checks it again, when labelling starts
+        check_feature_cache_folder(Path(args.feature_cache))
     return layer_ids
 
 
@@ -1220,9 +1225,9 @@ def data_main(args: argparse.Namespace) -> int:
     beyond = [i for i in layer_ids or [] if not 0 <= i < depth]
     if beyond:  # before any collection: label_dataset checks again for its other callers
         raise ValueError(f"--layer-ids {beyond} are outside the target's {depth} layers (ids are 0-based).")
-    resuming = (out / "manifest.json").exists() and not args.extend
-    if resuming:  # its sequences exist (this command's --max-len no longer applies): their own lengths decide
-        _check_sequence_positions(target, Dataset.load(out), str(out))
+    existing = Dataset.load(out) if (out / "manifest.json").exists() else None  # resumed, or extended
+    if existing is not None and not args.extend:  # resumed: its sequences exist (--max-len no longer applies)
+        _check_sequence_positions(target, existing, str(out))
     else:
         _check_target_positions(target, vars(args), args.source)
         for kind, _, arg in (spec.partition(":") for spec in args.source.split(",")):
@@ -1231,15 +1236,15 @@ def data_main(args: argparse.Namespace) -> int:
     if target.device.type == "cpu":
         keep_freed_memory()  # the labelling forwards' hidden states, as the trainer's score tensors
     if args.extend:
-        if not (out / "manifest.json").exists():
+        if existing is None:
             raise ValueError(f"--extend: {out} holds no dataset to extend (no manifest.json)")
-        _check_dataset_target(args, Dataset.load(out).manifest, target.config.get_text_config().vocab_size)
+        _check_dataset_target(args, existing.manifest, target.config.get_text_config().vocab_size)
         record = {"sources": args.source, "target": args.target, "seed": args.seed, "num_prompts": args.num_prompts,
                   "skip_prompts": args.skip_prompts, "num_code": args.num_code, "num_functions": args.num_functions,
                   "num_maths": args.num_maths, "num_chat": args.num_chat, "label_dtype": args.dtype}
         added = extend_sequences(out, collect_sequences(args, target, tokenizer, out), record)
         print(f"[data] --extend: {added} new sequences appended to {out}")
-    elif not (out / "manifest.json").exists():
+    elif existing is None:
         seqs = collect_sequences(args, target, tokenizer, out)
         manifest = {
             "target": args.target, "sources": args.source, "seed": args.seed, "max_len": args.max_len,
@@ -1251,11 +1256,17 @@ def data_main(args: argparse.Namespace) -> int:
         }
         write_sequences(out, seqs, manifest["vocab_size"], manifest)
     else:
-        _check_resumed_dataset(args, Dataset.load(out).manifest, target.config.get_text_config().vocab_size)
+        _check_resumed_dataset(args, existing.manifest, target.config.get_text_config().vocab_size)
     ds = label_dataset(target, out, layer_ids=layer_ids, cache_dir=args.feature_cache,
                        max_batch_tokens=args.max_batch_tokens, max_seconds=args.max_seconds)
     print(f"[data] {out}: {ds.num_sequences} sequences, {int(ds.offsets[-1])} tokens, {ds.num_labelled} labelled")
     return 0
+
+
+def _position_limit(target: Any) -> int | None:
+    """The target's `max_position_embeddings` (GPT-2's `n_positions`; the largest of a per-layer list), or None."""
+    limit = _target_field(target.config.get_text_config(), "max_position_embeddings")
+    return limit if isinstance(limit, int) else None
 
 
 def _check_target_positions(target: Any, lengths: dict, sources: str) -> None:
@@ -1263,8 +1274,8 @@ def _check_target_positions(target: Any, lengths: dict, sources: str) -> None:
     a target with learned positions (GPT-2) crashed inside torch after the sequences were written, and a RoPE
     target was labelled past the context it was trained on. `lengths`: this command's `max_len`, `max_prompt`,
     `max_new_tokens`; regeneration runs prompt + new tokens through the target."""
-    limit = _target_field(target.config.get_text_config(), "max_position_embeddings")
-    if not isinstance(limit, int):
+    limit = _position_limit(target)
+    if limit is None:
         return
     if lengths.get("max_len", 0) > limit:
         raise ValueError(f"--max-len {lengths['max_len']} is past the target's {limit} positions "
@@ -1279,9 +1290,9 @@ def _check_target_positions(target: Any, lengths: dict, sources: str) -> None:
 
 def _check_sequence_positions(target: Any, data: Dataset, where: str) -> None:
     """`_check_target_positions` for sequences that exist already (a resumed dataset, a `dataset:` source)."""
-    limit = _target_field(target.config.get_text_config(), "max_position_embeddings")
+    limit = _position_limit(target)
     longest = int(np.diff(data.offsets).max()) if data.num_sequences else 0
-    if isinstance(limit, int) and longest > limit:
+    if limit is not None and longest > limit:
         raise ValueError(f"{where}: its longest sequence has {longest} tokens, past the target's {limit} positions "
                          "(max_position_embeddings); label it with a target of a longer context, or rebuild it with a "
                          "smaller --max-len")

@@ -2064,7 +2064,7 @@ def test_two_processes_train_as_one_process_reading_the_same_blocks(two_process_
     """2 processes x --batch-size 2 --grad-accum 2 = 1 process x --batch-size 4 --grad-accum 2: the step's loss is the
     slot-weighted mean over every micro-batch of every process (DDP averages gradients over processes; the trainer
     rescales them). Anchors at every position (--anchors-per-seq above any sequence's span), so both read the same
-    blocks whatever their generators draw. (A mean of per-process means differed by ~1e-2 here.)"""
+    blocks whatever their generators draw. (The mean of per-process means fails this test.)"""
     target_dir, data = two_process_setup
     common = ["-m", "hf_xpress.training", "train", "--target", str(target_dir), "--data", str(data), *_TWO_PROCESS_ARGS,
               "--anchors-per-seq", "100", "--max-steps", "3", "--eval-every", "0"]

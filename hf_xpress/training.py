@@ -17,7 +17,7 @@ Read top to bottom:
 3. **Packed blocks**: random anchors per sequence, every block of a sequence in one drafter forward, with a boolean
    mask letting block i see context positions `< anchor_i` and its own B slots only.
 4. **Trainer** (`hf-xpress train`, or `accelerate launch -m hf_xpress.training ...`): AdamW, cosine schedule with
-   warm-up, gradient accumulation and clipping, optional bf16 autocast, NaN/inf guard, checkpoints (model,
+   warm-up, gradient accumulation and clipping, optional bf16 or fp16 (loss-scaled) autocast, NaN/inf guard, checkpoints (model,
    optimizer, scheduler, RNG, data position) every N steps and on SIGTERM, resume, held-out loss / per-slot acceptance
    / estimated tau, and `--lora` to attach a refiner to an existing dFlash drafter through peft.
 5. **tau** (`python -m hf_xpress.training tau`): real `target.generate(..., assistant_model=drafter)`, greedy, checked
@@ -1927,7 +1927,7 @@ class TrainConfig:
     max_steps: int = 1000
     max_seconds: float | None = None  # stop (and checkpoint) after this much training time in this process
     clip: float = 1.0
-    mixed_precision: str = "no"  # "bf16" autocasts the drafter's forward
+    mixed_precision: str = "no"  # "bf16" / "fp16" autocast the drafter's forward (fp16 with a loss scaler)
     target_dtype: str = "float32"  # the frozen target's dtype when loaded from `target` (bfloat16 halves its memory)
     seed: int = 0
     heldout_every: int = 40  # every 40th labelled sequence is held out
@@ -1965,6 +1965,17 @@ def sequences_with_features(data: Dataset, idx: list[int], target: Any, layer_id
 MAX_SKIPPED_IN_A_ROW = 10  # non-finite steps in a row after which a run stops with an error
 
 
+def fp16_on_cpu(accel: Any) -> None:
+    """fp16 autocast and loss scaling on a CPU, where accelerate (1.x) trains in float32 without a word when asked for
+    fp16 (its fp16 path starts only on an accelerator). torch has both on the CPU: set the two attributes accelerate's
+    own fp16 path reads, `native_amp` (autocast in `autocast()` and `prepare`d forwards, unscaling in
+    `clip_grad_norm_`) and `scaler` (`backward`, and the optimizer's step, which `prepare` hands it to): before
+    `prepare`. A no-op where accelerate set fp16 up itself."""
+    if accel.device.type == "cpu" and accel.scaler is None and accel.mixed_precision == "fp16":
+        accel.native_amp = True
+        accel.scaler = torch.amp.GradScaler("cpu")
+
+
 def check_train_numbers(cfg: "TrainConfig") -> None:
     """Raise a `ValueError` naming the first setting whose value cannot train (a zero batch, a non-positive lr, ...)."""
     for name in ("batch_size", "grad_accum", "anchors_per_seq", "eval_anchors", "save_every", "max_steps"):
@@ -1982,8 +1993,8 @@ def check_train_numbers(cfg: "TrainConfig") -> None:
     for name in ("threads", "stop_after_steps", "lora_rank"):
         if getattr(cfg, name) is not None and getattr(cfg, name) < 1:
             raise ValueError(f"{name} must be at least 1, got {getattr(cfg, name)}")
-    if cfg.mixed_precision not in ("no", "bf16"):
-        raise ValueError(f"mixed_precision takes 'no' or 'bf16', got {cfg.mixed_precision!r}")
+    if cfg.mixed_precision not in ("no", "bf16", "fp16"):
+        raise ValueError(f"mixed_precision takes 'no', 'bf16' or 'fp16', got {cfg.mixed_precision!r}")
     if cfg.target_dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"target_dtype takes 'float32', 'bfloat16' or 'float16', got {cfg.target_dtype!r}")
     if cfg.max_seconds is not None and not cfg.max_seconds > 0:
@@ -2009,8 +2020,9 @@ class Trainer:
         # of the data, not a share of a fixed number of steps), so the schedule advances once per step; accelerate
         # would otherwise advance it once per process at each step and run a multi-process schedule that many times
         # too fast.
-        self.accel = Accelerator(mixed_precision=cfg.mixed_precision if cfg.mixed_precision != "no" else "no",
-                                 cpu=not torch.cuda.is_available(), step_scheduler_with_optimizer=False)
+        self.accel = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available(),
+                                 step_scheduler_with_optimizer=False)
+        fp16_on_cpu(self.accel)
         if self.accel.device.type == "cpu":
             keep_freed_memory()
         self.data = Dataset.load(cfg.data)  # before the target: a wrong --data path fails in a second, not a load
@@ -2308,18 +2320,24 @@ class Trainer:
                 for param in self.drafter.parameters():
                     if param.grad is not None:
                         param.grad.mul_(factor)
-        grad_norm = float("nan")
-        if finite:
+        grad_norm, overflow = float("nan"), False
+        if finite:  # the loss is finite on every process
             grad_norm = float(self.accel.clip_grad_norm_(self.drafter.parameters(), self.cfg.clip))
+            overflow = self.accel.scaler is not None and not math.isfinite(grad_norm)
             finite = math.isfinite(grad_norm)
-        if finite:
+        if finite or overflow:
+            # fp16, a non-finite gradient at a finite loss: the loss scale overflowed; the scaler's step skips the
+            # update and halves the scale (no step would keep the scale, and every later step would overflow too)
             self.optimizer.step()
+        if finite:
             self.skipped_in_a_row = 0
             self.state["tokens"] += tokens  # what the drafter was trained on: a skipped step's do not count
             self.state["blocks"] += blocks
         else:
             self.state["skipped"] += 1
-            self.skipped_in_a_row += 1
+            # overflows are expected until the scale fits the gradients; one at a scale below 1 is not the scale's
+            if not (overflow and self.accel.scaler.get_scale() >= 1):
+                self.skipped_in_a_row += 1
             if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
                 raise ValueError(
                     f"{self.skipped_in_a_row} steps in a row (to step {step + 1}) had a non-finite loss or gradient and "
@@ -2330,8 +2348,9 @@ class Trainer:
         self.scheduler.step()
         self.state["step"] += 1
         self.state["train_seconds"] += time.time() - t0
-        return {"step": self.state["step"], "loss": total if finite else float("nan"), **parts_sum, "grad_norm": grad_norm,
-                "lr": self.scheduler.get_last_lr()[0], "tokens": self.state["tokens"], "skipped": self.state["skipped"]}
+        return {"step": self.state["step"], "loss": total if finite or overflow else float("nan"), **parts_sum,
+                "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0], "tokens": self.state["tokens"],
+                "skipped": self.state["skipped"]}
 
     def _finite_everywhere(self, loss: torch.Tensor, packed: PackedInput
                            ) -> tuple[bool, tuple[int, int], tuple[float, float]]:
@@ -2644,8 +2663,9 @@ def _train_arguments(p: argparse.ArgumentParser) -> None:
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=float, default=getattr(d, name),
                        help=helps.get(name))
     p.add_argument("--layer-ids", dest="layer_ids", default=None, help="comma-separated target layers")
-    p.add_argument("--mixed-precision", dest="mixed_precision", default=d.mixed_precision, choices=["no", "bf16"],
-                   help="bf16: autocast the drafter's forward and losses (its weights and optimizer stay float32)")
+    p.add_argument("--mixed-precision", dest="mixed_precision", default=d.mixed_precision, choices=["no", "bf16", "fp16"],
+                   help="bf16 / fp16: autocast the drafter's forward and losses (its weights and optimizer stay "
+                        "float32); fp16 scales the loss (a GPU without bf16, e.g. a T4 or V100)")
     p.add_argument("--target-dtype", dest="target_dtype", default=d.target_dtype,
                    choices=["float32", "bfloat16", "float16"],
                    help="the frozen target's dtype (its forwards make the features when they are not cached); "

@@ -357,7 +357,7 @@ def fresh_accelerate_state():
     AcceleratorState._reset_state(True)
 
 
-@pytest.mark.parametrize("mixed", ["no", "bf16"])
+@pytest.mark.parametrize("mixed", ["no", "bf16", "fp16"])
 def test_trainer_loads_its_target_in_the_dtype_asked_for(tmp_path, mixed, fresh_accelerate_state):
     """--target-dtype bfloat16: the frozen target (its forwards make the features) in bf16, with or without bf16
     autocast of the drafter; the drafter's weights stay float32. It used to be float32 always (and a bf16 target
@@ -369,14 +369,46 @@ def test_trainer_loads_its_target_in_the_dtype_asked_for(tmp_path, mixed, fresh_
     trainer = T.Trainer(_cfg(data, tmp_path / "run", target=str(folder), target_dtype="bfloat16", mixed_precision=mixed))
     assert trainer.target.dtype == torch.bfloat16 and trainer.plain_drafter().fc.weight.dtype == torch.float32
     before = trainer.plain_drafter().fc.weight.detach().clone()
-    for _ in range(2):
+    for _ in range(4):  # fp16: the loss scaler's first steps may overflow (and skip the update)
         assert math.isfinite(trainer.train_step()["loss"])
     assert not torch.equal(before, trainer.plain_drafter().fc.weight)
     default = T.Trainer(_cfg(data, tmp_path / "run32", target=str(folder), mixed_precision=mixed))
     assert default.target.dtype == torch.float32
-    for bad, message in (({"target_dtype": "bf16"}, "target_dtype takes"), ({"mixed_precision": "fp16"}, "mixed_precision takes")):
+    for bad, message in (({"target_dtype": "bf16"}, "target_dtype takes"), ({"mixed_precision": "fp8"}, "mixed_precision takes")):
         with pytest.raises(ValueError, match=message):
             T.Trainer(_cfg(data, tmp_path / "bad", target=str(folder), **{"mixed_precision": mixed, **bad}))
+
+
+def test_fp16_training_scales_the_loss_and_rides_out_overflows(tmp_path, fresh_accelerate_state):
+    """--mixed-precision fp16 (GPUs without bf16): autocast in float16 and a loss scaler, on a CPU too, where accelerate
+    alone trains in float32 without a word. An overflowing scale skips the update and halves the scale, and is not
+    counted towards the "cannot train" stop (before, fp16 was refused; a run that skipped the step without the
+    scaler's would keep the scale and overflow at every step)."""
+    target, data, parser = _tiny_training_setup(tmp_path)
+    assert parser.parse_args(["--mixed-precision", "fp16"]).mixed_precision == "fp16"
+    trainer = T.Trainer(_cfg(data, tmp_path / "run", mixed_precision="fp16", grad_accum=1), target=target)
+    scaler = trainer.accel.scaler
+    assert scaler is not None and trainer.plain_drafter().fc.weight.dtype == torch.float32
+    with trainer.accel.autocast():
+        assert trainer.plain_drafter().fc(torch.zeros(1, trainer.plain_drafter().fc.in_features)).dtype == torch.float16
+    trainer.train_step()  # the scaler's scale exists from its first step on
+    scaler.update(new_scale=2.0**80)  # overflows in float16 for certain
+    before = [p.detach().clone() for p in trainer.plain_drafter().parameters()]
+    overflows, skipped = 0, trainer.state["skipped"]
+    for _ in range(100):  # 2**80 halves to a scale that fits in about 65 steps
+        row = trainer.train_step()
+        assert math.isfinite(row["loss"])  # the loss of an overflowing step is finite (the scaled gradient is not)
+        if not math.isfinite(row["grad_norm"]):
+            overflows += 1
+            assert trainer.skipped_in_a_row == 0 and scaler.get_scale() == 2.0 ** (80 - overflows)
+            assert all(torch.equal(a, b) for a, b in zip(before, trainer.plain_drafter().parameters()))
+            continue
+        break
+    assert overflows > T.MAX_SKIPPED_IN_A_ROW and trainer.state["skipped"] == skipped + overflows
+    assert not all(torch.equal(a, b) for a, b in zip(before, trainer.plain_drafter().parameters()))
+    assert math.isfinite(row["grad_norm"]) and trainer.state["tokens"] > 0
+    trainer.save_checkpoint()
+    assert (tmp_path / "run" / "checkpoint" / "scaler.pt").exists()
 
 
 def test_training_reads_a_llama4_targets_decoder(tmp_path):
@@ -562,20 +594,24 @@ def _cfg(data: Path, out: Path, **kw) -> T.TrainConfig:
     return T.TrainConfig(**base)
 
 
-def test_resume_after_kill_matches_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("mixed", ["no", "fp16"])
+def test_resume_after_kill_matches_uninterrupted_run(tmp_path, mixed, fresh_accelerate_state):
+    """fp16: the loss scaler's state resumes too (its first steps overflow here: a resumed run that started again at
+    the initial scale would overflow again and skip other steps)."""
     target = tiny_llama()
     data = tmp_path / "data"
     make_dataset(data, target)
-    full = T.Trainer(_cfg(data, tmp_path / "full"), target=target)
+    full = T.Trainer(_cfg(data, tmp_path / "full", mixed_precision=mixed), target=target)
     full.run()
-    stopped = T.Trainer(_cfg(data, tmp_path / "resumed", stop_after_steps=3), target=target)
+    stopped = T.Trainer(_cfg(data, tmp_path / "resumed", stop_after_steps=3, mixed_precision=mixed), target=target)
     state = stopped.run()
     assert state["step"] == 3 and (tmp_path / "resumed" / "checkpoint" / "trainer_state.json").exists()
     log = tmp_path / "resumed" / "log.jsonl"  # what a process killed after its last checkpoint had also logged:
     log.write_text(log.read_text() + '{"step": 5, "loss": 1.0}\n{"eval": {"step": 6}}\n{"step": 6, "lo')  # a cut row
-    resumed = T.Trainer(_cfg(data, tmp_path / "resumed"), target=target)  # a fresh process after the kill
+    resumed = T.Trainer(_cfg(data, tmp_path / "resumed", mixed_precision=mixed), target=target)  # after the kill
     resumed.run()
     assert resumed.state["step"] == 6 and resumed.state["tokens"] == full.state["tokens"]
+    assert resumed.state["skipped"] == full.state["skipped"] and (stopped.state["skipped"] > 0) == (mixed == "fp16")
     steps = lambda folder: [(row.get("eval") or row)["step"] for row in map(json.loads, (folder / "log.jsonl").open())]
     assert steps(tmp_path / "resumed") == steps(tmp_path / "full") == [0, 1, 3, 6]  # each row once, in order
     for (name, a), (_, b) in zip(full.drafter.named_parameters(), resumed.drafter.named_parameters()):

@@ -2989,6 +2989,10 @@ def ship_main(args: argparse.Namespace) -> int:
     import shutil
 
     run, final_out = Path(args.run), Path(args.out)
+    if args.repo_id is not None:
+        from .hub import _check_repo_id
+
+        _check_repo_id(args.repo_id)
     src = run / args.checkpoint
     if not (src / "config.json").exists():
         saved = sorted(p.name for p in run.glob("*") if (p / "config.json").exists()) if run.is_dir() else []
@@ -3152,7 +3156,7 @@ correct drafts):
     if limitations is None:  # from this run's own facts
         limitations = _default_limitations(cfg, state, identical)
     write_model_card(out, target=target_name,
-                     repo_id=f"hf-xpress/{name}", training=training, results=results_md,
+                     repo_id=args.repo_id or f"hf-xpress/{name}", training=training, results=results_md,
                      limitations=limitations)
 
 
@@ -3317,6 +3321,9 @@ def add_ship_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--limitations", default=None,
                    help="the model card's limitations (default: stated from the run's device, training vocabulary and "
                    "the --tau files' exactness counts)")
+    p.add_argument("--repo-id", dest="repo_id", default=None,
+                   help="the Hub repo id (user/name) the model card's usage code loads (default: hf-xpress/<--out's "
+                   "name>); `hf-xpress push` rewrites it to the repository pushed to")
     p.set_defaults(func=ship_main)
     return p
 

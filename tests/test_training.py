@@ -1396,7 +1396,7 @@ def test_warm_start_chain_is_recorded_for_the_model_card(tmp_path):
     manifest = json.loads((data / "manifest.json").read_text())
     (data / "manifest.json").write_text(json.dumps(dict(manifest, seed=0, max_len=64)))  # what `hf-xpress data` records
     ship = argparse.Namespace(run=str(tmp_path / "d"), checkpoint="final", out=str(tmp_path / "shipped-d"), tau=[],
-                              limit=10, max_new_tokens=128, limitations="small", set=None)
+                              limit=10, max_new_tokens=128, limitations="small", set=None, repo_id=None)
     assert T.ship_main(ship) == 0
     card = (tmp_path / "shipped-d" / "README.md").read_text()
     assert "- **Drafter**: 2 layers, target layers" in card and "refiner `xpress` (rank 8), 1 of them added" in card
@@ -1426,7 +1426,7 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
                                    "humaneval": {"tau": 1.25, "identical_to_greedy": 2, "prompts": 2}}))
     out = tmp_path / "shipped"
     args = argparse.Namespace(run=str(tmp_path / "run"), checkpoint="best", out=str(out), tau=[f"old={tau}", f"new={tau_new}"],
-                              limit=10, max_new_tokens=128, limitations="small", set=["num_assistant_tokens=2",
+                              limit=10, max_new_tokens=128, limitations="small", repo_id=None, set=["num_assistant_tokens=2",
                                                                                        "refiner_shortlist=64"])
     assert T.ship_main(args) == 0
     loaded = XPressDrafterModel.from_pretrained(out)
@@ -1471,6 +1471,12 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
 
     # from a review: the card's name, layers, protocol and limitations come from this run and its measurements
     assert "hf-xpress/shipped" in card and "_setup" not in card
+    with pytest.raises(ValueError, match="'my drafter' is not a Hub repo id"):
+        T.ship_main(argparse.Namespace(**{**vars(args), "repo_id": "my drafter"}))
+    assert (out / "README.md").read_text() == card
+    T.ship_main(argparse.Namespace(**{**vars(args), "repo_id": "me/my-drafter"}))  # a user's own repository
+    mine = (out / "README.md").read_text()
+    assert 'from_pretrained("me/my-drafter")' in mine and "hf-xpress/shipped" not in mine
     assert f"target layers {list(loaded.config.target_layer_ids)}, block" in card
     skipped = tmp_path / "tau-skip.json"
     skipped.write_text(json.dumps({"_setup": {"limit": 3, "max_new_tokens": 16, "skip": 4}, "mtbench": {
@@ -1672,7 +1678,7 @@ def test_saved_drafters_draft_among_the_training_vocabulary_and_ship_can_change_
     assert torch.equal(target.generate(ids, max_new_tokens=12, do_sample=False),
                        target.generate(ids, assistant_model=final, max_new_tokens=12, do_sample=False))
     args = argparse.Namespace(run=str(tmp_path / "run"), checkpoint="final", out=str(tmp_path / "full"), tau=[],
-                              limit=1, max_new_tokens=8, limitations="small", set=[], draft_vocab="none")
+                              limit=1, max_new_tokens=8, limitations="small", set=[], draft_vocab="none", repo_id=None)
     assert T.ship_main(args) == 0
     assert XPressDrafterModel.from_pretrained(tmp_path / "full").draft_vocab is None
     assert "Draft vocabulary" not in (tmp_path / "full" / "README.md").read_text()

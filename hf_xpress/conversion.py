@@ -42,7 +42,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .configuration_xpress import INFERENCE_SETTINGS, XPressDrafterConfig, default_target_layer_ids
-from .modeling_xpress import XPressDrafterModel, check_compatible
+from .modeling_xpress import XPressDrafterModel, check_compatible, check_plain_weights
 
 
 logger = logging.getLogger(__name__)
@@ -790,6 +790,7 @@ def export_vllm(drafter: XPressDrafterModel, output: str | os.PathLike, *, dtype
     (`method="xpress"`, the vLLM fork in Supercomputing-System-AI-Lab/xPress `vllm_xpress/`); Markov ->
     `Qwen3DSparkModel` (`method="dspark"`). Refiner tensors keep the training names (raw `mix.L`: vLLM folds it).
     """
+    check_plain_weights(drafter, "export_vllm")
     config = drafter.config
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)

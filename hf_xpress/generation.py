@@ -47,6 +47,7 @@ from transformers import (
     GenerationConfig,
     GenerationMixin,
     LogitsProcessorList,
+    PreTrainedTokenizerBase,
     StoppingCriteriaList,
     StopStringCriteria,
     SynthIDTextWatermarkingConfig,
@@ -291,7 +292,8 @@ def check_generation_options(target, generation_config: GenerationConfig) -> Non
                if getattr(generation_config, name, None) not in (None, default)]  # None: not set (transformers 5)
     if ignored:  # transformers reads these from a classic assistant's own generation_config, never from generate()
         logger.warning_once(
-            f"generate() was given {', '.join(ignored)}, which an xPress drafter does not read: its drafts per round "
+            f"generate()'s arguments or the target's generation_config set {', '.join(ignored)}, which an xPress "
+            "drafter does not read: its drafts per round "
             "come from its own config. Set them there instead, e.g. drafter.config.num_assistant_tokens = 4 (also "
             "num_assistant_tokens_schedule, assistant_confidence_threshold)."
         )
@@ -320,7 +322,7 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         """`jacobi_passes`: xPress passes per block for this generator only (None: the drafter config's).
         `stopping_criteria`: those `generate` checks; drafts end before any token at which one fires (see
         `draft_stopping_criteria`)."""
-        check_drafter_settings(assistant_model.config)
+        check_drafter_settings(assistant_model)
         check_compatible(target.config, assistant_model.config)
         check_supported_target(target)
         check_generation_options(target, generation_config)
@@ -616,12 +618,14 @@ def check_prompt_inputs(input_ids: torch.LongTensor, model_kwargs: dict) -> None
 PER_CALL_SETTINGS = ("tree_width", "tree_budget", "lookup_branch")  # `tree_decoding`'s arguments, never a config's
 
 
-def check_drafter_settings(config: XPressDrafterConfig) -> None:
+def check_drafter_settings(drafter) -> None:
     """Raise a `ValueError` naming an inference setting that a loaded drafter's config holds (settings change there
-    after loading) but that validation refuses, or a tree setting put there, where nothing reads it."""
-    validate = getattr(config, "validate_xpress", None)  # a remote-code copy from before it existed has none
-    if validate is not None:
-        validate()
+    after loading) but that validation refuses, a shape field changed since the drafter was built
+    (`XPressDrafterModel.check_built_shape`), or a tree setting put in the config, where nothing reads it."""
+    config = drafter.config
+    for check in (getattr(config, "validate_xpress", None), getattr(drafter, "check_built_shape", None)):
+        if check is not None:  # a remote-code copy from before it existed has none
+            check()
     misplaced = [name for name in PER_CALL_SETTINGS if hasattr(config, name)]
     if misplaced:
         raise ValueError(
@@ -656,15 +660,20 @@ def first_stop(criteria, input_ids: torch.LongTensor, tokens: list[int]) -> int 
 
 def draft_copies(criteria) -> list:
     """`criteria` to check drafts with: transformers' own as they are (they keep no state), every other one as a
-    shallow copy, so that drafts the target then rejects do not advance a count or a flag it keeps. The originals see
-    committed tokens only: transformers calls them at the end of each round."""
+    deep copy, so that drafts the target then rejects do not advance a count or a flag it keeps, in an attribute or
+    inside a list or dict it holds (a shallow copy shares those); the tokenizers, models and modules it holds are
+    shared, not copied. The originals see committed tokens only: transformers calls them at the end of each round."""
     copies = []
     for criterion in criteria:
         if not type(criterion).__module__.startswith("transformers."):
-            try:
-                criterion = copy.copy(criterion)
-            except Exception:  # an object that refuses copying is checked as it is (documented: no state, then)
-                pass
+            heavy = [v for v in getattr(criterion, "__dict__", {}).values()
+                     if isinstance(v, (PreTrainedTokenizerBase, torch.nn.Module))]
+            for make in (lambda c: copy.deepcopy(c, {id(v): v for v in heavy}), copy.copy):
+                try:
+                    criterion = make(criterion)
+                    break
+                except Exception:  # one that refuses copying is checked as it is (documented: no state, then)
+                    continue
         copies.append(criterion)
     return copies
 

@@ -21,6 +21,7 @@ import torch
 from transformers.utils import logging
 
 from .configuration_xpress import XPressDrafterConfig
+from .modeling_xpress import check_plain_weights
 
 logger = logging.get_logger(__name__)
 
@@ -36,6 +37,18 @@ def _template() -> str:
     if _TEMPLATE_IN_REPO.exists():
         return _TEMPLATE_IN_REPO.read_text()
     return resources.files("hf_xpress").joinpath("model_card_template.md").read_text()
+
+
+def check_results(results, what: str = "results") -> None:
+    """Raise a `ValueError` naming `what` unless `results` is None, a text or `{set: {method: tau}}` numbers (what the
+    model card's table reads)."""
+    if results is None or isinstance(results, str):
+        return
+    if not (isinstance(results, dict) and all(
+            isinstance(row, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in row.values())
+            for row in results.values())):
+        raise ValueError(f"{what}: expected {{set: {{method: tau}}}} numbers (or a text), as the model card's table "
+                         f"reads them; got {str(results)[:80]}")
 
 
 def results_table(results: dict[str, dict[str, float]]) -> str:
@@ -209,18 +222,6 @@ def _check_repo_id(repo_id: str) -> None:
         raise ValueError(f"{repo_id!r} is not a Hub repo id (user/name): {err}") from None
 
 
-def _check_publishable(drafter) -> None:
-    """Raise a `ValueError` if `drafter`'s weights are not the ones its config describes (a config edited after the
-    model was built): the published folder would not load."""
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in type(drafter)(drafter.config).state_dict().items()}
-    actual = {k: tuple(v.shape) for k, v in drafter.state_dict().items()}
-    if expected != actual:
-        differ = sorted(k for k in expected.keys() | actual.keys() if expected.get(k) != actual.get(k))
-        raise ValueError(f"The drafter's weights do not match its config (edited after the model was built?): "
-                         f"{differ[:6]}{'...' if len(differ) > 6 else ''}. Its published folder would not load.")
-
-
 def _is_repo_id(name: str) -> bool:
     """Whether a destination reads as a Hub repo id (`user/name`) rather than a local folder: not an existing path,
     and its first part not an existing local folder (`drafters/new-one` is a folder to create)."""
@@ -317,7 +318,8 @@ def publish(
 
     if repo_id is not None:
         _check_repo_id(repo_id)
-    _check_publishable(drafter)
+    check_results(results)
+    check_plain_weights(drafter, "publish")
     carried = _carried_sections(drafter) if None in (training, results, limitations) else {}
     training = training if training is not None else carried.get("Training", "Not documented.")
     results = results if results is not None else carried.get("Measured acceptance")
@@ -368,11 +370,7 @@ def _run_push(args) -> int:
         results = json.loads(Path(args.results).read_text()) if args.results else None
     except (OSError, ValueError) as err:
         raise ValueError(f"--results {args.results}: not a readable JSON file ({err})") from err
-    if results is not None and not (isinstance(results, dict) and all(
-            isinstance(row, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in row.values())
-            for row in results.values())):
-        raise ValueError(f"--results {args.results}: expected a JSON object of {{set: {{method: tau}}}} numbers, as "
-                         "the model card's table reads them.")
+    check_results(results, f"--results {args.results}")
     training = args.training
     if training and Path(training).is_file():
         training = Path(training).read_text()

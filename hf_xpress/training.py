@@ -1457,14 +1457,6 @@ class BlockBatch:
     valid: torch.Tensor
 
 
-def active_module(module: Any) -> Any:
-    """The module itself, or the trained copy inside a peft `ModulesToSaveWrapper` (LoRA attach)."""
-    copies = getattr(module, "modules_to_save", None)
-    if copies is None:
-        return module
-    return copies[module.active_adapters[0] if hasattr(module, "active_adapters") else "default"]
-
-
 def refiner_delta(refiner: XPressRefiner, hidden_part: torch.Tensor, prev: torch.LongTensor,
                   cols: torch.LongTensor | None = None, w2: torch.Tensor | None = None,
                   dropout: float = 0.0) -> torch.Tensor:
@@ -1506,7 +1498,7 @@ def refiner_losses(drafter: XPressDrafterModel, hidden: torch.Tensor, base: torc
     def L(logits: torch.Tensor) -> torch.Tensor:
         return mixed_loss(logits, p, y, v, weights, ce_weight, tv_weight)
 
-    refiner = active_module(drafter.refiner)
+    refiner = drafter.active_refiner  # the trained copy under peft (LoRA attach)
     if refiner is None:
         loss = dflash_loss(base, y, v, weights)
         return loss, {"dflash": loss.item()}
@@ -1540,7 +1532,7 @@ def draft_blocks(drafter: XPressDrafterModel, hidden: torch.Tensor, base: torch.
     """Inference-time greedy drafts for N blocks at once `[N, B-1]` (full vocabulary): the seed, K Jacobi passes
     (xPress, no early stop: the same result as with it) or the Markov head's left-to-right decode; with the config's
     `refiner_shortlist` M, a refiner chooses among each slot's M best base columns only, as `propose` does."""
-    refiner = active_module(drafter.refiner)
+    refiner = drafter.active_refiner  # the trained copy under peft (LoRA attach)
     shortlist = drafter.config.refiner_shortlist
     if shortlist is not None and isinstance(refiner, (XPressRefiner, XPressMarkovHead)):  # -inf outside the shortlist
         keep = top_candidates(base, min(shortlist, base.shape[-1]))

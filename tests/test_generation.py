@@ -323,10 +323,29 @@ def test_custom_stopping_criteria_stop_where_plain_generate_stops(target, monkey
     assert ran_on >= 2, ran_on
 
 
-def test_drafts_the_target_rejects_do_not_advance_a_users_stateful_criterion(target, monkeypatch):
+class _FiresOnceInADict(FiresOnce):
+    """`FiresOnce` with its state in a dict (a shallow copy shares it) and a module it holds, which is shared, not
+    copied: its deep copy fails here."""
+
+    class _NoDeepCopy(torch.nn.Module):
+        def __deepcopy__(self, memo):
+            raise TypeError("a module a criterion holds is not deep-copied")
+
+    def __init__(self, token: int):
+        self.token, self.state, self.model = token, {"fired": False}, self._NoDeepCopy()
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        hit = not self.state["fired"] and int(input_ids[0, -1]) == self.token
+        self.state["fired"] = self.state["fired"] or hit
+        return torch.tensor([hit])
+
+
+@pytest.mark.parametrize("criterion", [FiresOnce, _FiresOnceInADict])
+def test_drafts_the_target_rejects_do_not_advance_a_users_stateful_criterion(target, monkeypatch, criterion):
     """Drafts are checked against a user's criteria before the target scores them. A criterion that keeps state (here:
     fires once) was advanced by those checks, so when the target then produced the token it no longer fired and
-    generation ran on past where plain generate stops. Drafts are now checked on a shallow copy of it."""
+    generation ran on past where plain generate stops. Drafts are now checked on a copy of it: a deep one, since a
+    shallow copy shared the state a criterion keeps in a dict (generation ran on), with the modules it holds shared."""
     drafter = tiny_drafter(target, "xpress")
     ids = torch.randint(0, 126, (1, 9))
     long_run = target.generate(ids, max_new_tokens=60, do_sample=False)[0]
@@ -337,7 +356,7 @@ def test_drafts_the_target_rejects_do_not_advance_a_users_stateful_criterion(tar
         token = new[i]
         plain = plain_fired_once(target, ids, new, token)
         ours = target.generate(ids, assistant_model=drafter, max_new_tokens=60, do_sample=False,
-                               stopping_criteria=StoppingCriteriaList([FiresOnce(token)]))
+                               stopping_criteria=StoppingCriteriaList([criterion(token)]))
         assert torch.equal(ours, plain), token
         checked += 1
     assert checked == 5 and max(drafter.stats.accepted) >= 5
@@ -384,6 +403,44 @@ def test_inference_settings_changed_after_loading_are_checked_at_generate(target
         target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)
     del drafter.config.tree_width
     target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)
+    # shape fields are fixed when a drafter is built: another refiner was ignored (the built one ran), a larger block
+    # crashed inside the xPress mixer (a smaller one works)
+    drafter.config.refiner = "markov"
+    with pytest.raises(ValueError, match="config.refiner is 'markov', but it was built with 'xpress'"):
+        target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)
+    drafter.config.refiner = "xpress"
+    B = drafter.config.block_size
+    drafter.config.block_size = B + 1
+    with pytest.raises(ValueError, match=f"block_size is {B + 1}, but its xPress refiner's mixer was built for blocks "
+                                         f"of {B}"):
+        target.generate(ids, assistant_model=drafter, max_new_tokens=4, do_sample=False)
+    drafter.config.block_size = B - 1
+    assert torch.equal(target.generate(ids, assistant_model=drafter, max_new_tokens=12, do_sample=False),
+                       target.generate(ids, max_new_tokens=12, do_sample=False))
+    drafter.config.block_size = B
+    for kind in ("markov", None):  # no block-sized weights: any block
+        other = tiny_drafter(target, kind)
+        other.config.block_size = B + 3
+        assert torch.equal(target.generate(ids, assistant_model=other, max_new_tokens=12, do_sample=False),
+                           target.generate(ids, max_new_tokens=12, do_sample=False))
+        other.config.refiner = "xpress"
+        with pytest.raises(ValueError, match=f"config.refiner is 'xpress', but it was built with {kind!r}"):
+            target.generate(ids, assistant_model=other, max_new_tokens=4, do_sample=False)
+
+
+def test_a_drafters_generation_config_names_where_its_settings_are(target):
+    """transformers' assistants are tuned through `assistant.generation_config`. A drafter has none: reading it named
+    `import hf_xpress` as missing although it was imported, and one assigned was kept and ignored (15 drafts per
+    round under num_assistant_tokens=3). Both now name the config fields."""
+    drafter = tiny_drafter(target, "xpress")
+    with pytest.raises(AttributeError, match=r"no generation_config: a drafter's settings are fields of its config, "
+                                             r"e.g. drafter.config.num_assistant_tokens = 4"):
+        drafter.generation_config
+    assert not hasattr(drafter, "generation_config")
+    with pytest.raises(AttributeError, match=r"no generation_config: .*jacobi_passes"):
+        drafter.generation_config = GenerationConfig(num_assistant_tokens=3)
+    drafter.generation_config = None  # nothing to ignore
+    assert not hasattr(drafter, "generation_config")
 
 
 def test_a_criterion_that_needs_the_targets_scores_is_named(target):

@@ -486,7 +486,7 @@ def test_push_command_writes_a_local_folder_with_the_training_text(published, tm
     bad_results.write_text(json.dumps({"xpress": 2.1}))  # a flat table, not {set: {method: tau}}
     assert main(["push", str(published["folder"]), str(tmp_path / "r"), "--target", "t", "--local",
                  "--results", str(bad_results)]) == 2
-    assert "expected a JSON object of {set: {method: tau}} numbers" in capsys.readouterr().err
+    assert "expected {set: {method: tau}} numbers" in capsys.readouterr().err
     assert not (tmp_path / "r").exists()
     bad_results.write_text("{not json")  # json's own message named neither the flag nor the file
     assert main(["push", str(published["folder"]), str(tmp_path / "r"), "--target", "t", "--local",
@@ -574,3 +574,70 @@ def test_push_keeps_the_source_cards_training_and_measurements_while_the_weights
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "README.md").write_text("# Someone's model\n\n## Training\n\nTheirs.\n")
     assert hub.card_sections(tmp_path / "other") == {}  # another project's card is never read as ours
+
+
+@pytest.mark.parametrize("refiner", ["xpress", "markov"])
+def test_a_drafter_with_peft_adapters_drafts_with_its_refiner_and_is_not_published_unmerged(tmp_path, refiner):
+    """A LoRA adapter that trains and saves the refiner (`modules_to_save=["refiner"]`, `hf-xpress train --lora`'s
+    layout) puts a peft wrapper in the refiner's place. The drafter then drafted without any refiner, silently (its
+    type checks failed on the wrapper), loaded with peft or through transformers' adapter support alike; publishing or
+    exporting it crashed inside peft or on a missing key. It now drafts with the adapter's refiner, as the merged
+    drafter does, and publishing / exporting it unmerged is refused by name."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModel
+
+    from conftest import tiny_drafter
+    from hf_xpress.conversion import export_vllm
+
+    target = make_target()
+    base = tiny_drafter(target, refiner)
+    with torch.no_grad():
+        for p in base.refiner.parameters():
+            p.normal_(0.0, 0.3)  # a refiner that changes these drafts
+    base.save_pretrained(tmp_path / "base")
+    base = XPressDrafterModel.from_pretrained(tmp_path / "base").eval()
+    wrapped = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["refiner"]))
+    with torch.no_grad():
+        for name, p in wrapped.named_parameters():  # the adapter's own refiner and LoRA weights, not the base's
+            if "modules_to_save" in name or "lora_B" in name:
+                p.add_(torch.randn_like(p) * 0.05)
+    wrapped.eval().save_pretrained(tmp_path / "adapter")
+    merged = PeftModel.from_pretrained(XPressDrafterModel.from_pretrained(tmp_path / "base"), tmp_path / "adapter")
+    merged = merged.merge_and_unload().eval()
+    injected = AutoModel.from_pretrained(tmp_path / "adapter").eval()  # transformers' adapter support
+    assert type(injected) is XPressDrafterModel and type(injected.refiner).__name__ == "ModulesToSaveWrapper"
+    torch.manual_seed(0)
+    hidden, lead = torch.randn(1, 16, 64), torch.tensor([[5, 9]])
+    with torch.no_grad():
+        scores, ids = merged.draft_scores(hidden[:, 1:], target.get_output_embeddings())
+        expected = merged.propose(hidden, scores, lead).tokens
+        assert ids is None and not torch.equal(expected, scores.argmax(-1))  # the refiner changes the drafter's own
+        for model in (wrapped.base_model.model, injected):
+            assert isinstance(model.active_refiner, type(merged.refiner))
+            assert torch.equal(model.propose(hidden, scores, lead).tokens, expected)
+        wrapped.base_model.model.refiner.enable_adapters(False)  # adapters off: the base refiner
+        assert wrapped.base_model.model.active_refiner is wrapped.base_model.model.refiner.original_module
+        wrapped.base_model.model.refiner.enable_adapters(True)
+    ids = torch.randint(0, 126, (1, 7))
+    plain = target.generate(ids, max_new_tokens=20, do_sample=False)
+    assert torch.equal(target.generate(ids, assistant_model=injected, max_new_tokens=20, do_sample=False), plain)
+    for model in (wrapped, injected):
+        with pytest.raises(ValueError, match="publish needs the drafter's own weights, but this .* carries peft "
+                                             "adapters: merge them first"):
+            hub.publish(model, tmp_path / "published", target="t", push=False)
+        with pytest.raises(ValueError, match="export_vllm needs the drafter's own weights"):
+            export_vllm(model, tmp_path / "vllm")
+    assert not (tmp_path / "published").exists() and not (tmp_path / "vllm").exists()
+    hub.publish(merged, tmp_path / "published", target="t", push=False)  # merged: a plain drafter
+
+
+def test_publish_checks_the_results_before_writing_anything(published, tmp_path):
+    """A results table of the wrong shape failed while the card was written, after the weights and the remote code:
+    a half-written folder that a retry then refused as not empty."""
+    drafter = make_drafter(published["target"])
+    for results in ({"humaneval": {"xpress": "1.6"}}, [1.6], {"humaneval": [1.6]}):
+        with pytest.raises(ValueError, match=r"results: expected \{set: \{method: tau\}\} numbers"):
+            hub.publish(drafter, tmp_path / "out", target="t", results=results, push=False)
+        assert not (tmp_path / "out").exists()
+    hub.publish(drafter, tmp_path / "out", target="t", results={"humaneval": {"xpress": 1.6}}, push=False)
+    assert "| humaneval | 1.60 |" in (tmp_path / "out" / "README.md").read_text()

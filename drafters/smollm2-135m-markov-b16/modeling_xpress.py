@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import transformers
-from transformers import PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import BaseModelOutputWithPast
@@ -42,7 +42,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 )
 from transformers.utils import logging
 
-from .configuration_xpress import XPressDrafterConfig
+from .configuration_xpress import INFERENCE_SETTINGS, XPressDrafterConfig
 
 logger = logging.get_logger(__name__)
 
@@ -548,6 +548,27 @@ def check_compatible(target_config, drafter_config: XPressDrafterConfig) -> None
         )
 
 
+def check_plain_weights(drafter, action: str) -> None:
+    """Raise a `ValueError` unless `drafter` is a drafter whose weights are the ones its config describes, as `action`
+    (publishing, exporting) writes them: not one carrying peft adapters (a `PeftModel`, or adapters loaded through
+    transformers), nor one whose config was edited after it was built (the written folder would not load)."""
+    if getattr(drafter, "peft_config", None):
+        raise ValueError(
+            f"{action} needs the drafter's own weights, but this {type(drafter).__name__} carries peft adapters: merge "
+            "them first, drafter = PeftModel.from_pretrained(base_drafter, adapter_folder).merge_and_unload() (a LoRA "
+            "run of `hf-xpress train` saves merged drafters already)."
+        )
+    if getattr(getattr(drafter, "config", None), "model_type", None) != XPressDrafterConfig.model_type:
+        raise ValueError(f"{action} takes an XPressDrafterModel, got a {type(drafter).__name__}.")
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in type(drafter)(drafter.config).state_dict().items()}
+    actual = {k: tuple(v.shape) for k, v in drafter.state_dict().items()}
+    if expected != actual:
+        differ = sorted(k for k in expected.keys() | actual.keys() if expected.get(k) != actual.get(k))
+        raise ValueError(f"{action}: the drafter's weights do not match its config (edited after the model was "
+                         f"built?): {differ[:6]}{'...' if len(differ) > 6 else ''}. The written folder would not load.")
+
+
 def check_supported_target(target: PreTrainedModel) -> None:
     """Raise a `ValueError` naming why a dFlash drafter cannot serve `target`: its decoder does not carry one hidden
     state per token (Gemma 3n's AltUp streams), or its token embeddings and lm_head are narrower than its hidden states
@@ -580,6 +601,12 @@ def _target_field(text, name: str, default=None):
     return default if value is None else value
 
 
+_NO_GENERATION_CONFIG = (
+    "{} has no generation_config: a drafter's settings are fields of its config, e.g. drafter.config."
+    f"num_assistant_tokens = 4, or from_pretrained(path, num_assistant_tokens=4) ({', '.join(INFERENCE_SETTINGS)})."
+)
+
+
 class XPressPreTrainedModel(PreTrainedModel):
     config: XPressDrafterConfig
     config_class = XPressDrafterConfig
@@ -597,6 +624,8 @@ class XPressPreTrainedModel(PreTrainedModel):
         # `generate(assistant_model=drafter)` takes that path, whose first step reads `generation_config`. An
         # AttributeError keeps `hasattr` False for everyone else, and names the ways out for that caller.
         if name == "generation_config":
+            if getattr(GenerationMixin._get_candidate_generator, "_hf_xpress", False):  # `import hf_xpress` routes it
+                raise AttributeError(_NO_GENERATION_CONFIG.format(type(self).__name__))
             raise AttributeError(
                 f"{type(self).__name__} has no generation_config: it is not an autoregressive assistant. "
                 "generate(assistant_model=drafter) needs `import hf_xpress` (it routes the drafter to its candidate "
@@ -605,6 +634,15 @@ class XPressPreTrainedModel(PreTrainedModel):
                 "custom_generate=<the drafter's folder or Hub id>/custom_generate where it has one."
             )
         return super().__getattr__(name)
+
+    def __setattr__(self, name: str, value) -> None:
+        # transformers' assistants are tuned through `assistant.generation_config`; a drafter's settings are on its
+        # config, and one set here would be ignored without a word (None: nothing to ignore, nor to keep)
+        if name == "generation_config":
+            if value is not None:
+                raise AttributeError(_NO_GENERATION_CONFIG.format(type(self).__name__))
+            return
+        super().__setattr__(name, value)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -645,6 +683,21 @@ class XPressDrafterModel(XPressPreTrainedModel):
         self.stats = None  # set by the candidate generator at each generate() call
         self._fast_refine = None  # set by enable_fast_refine()
         self.post_init()
+
+    @property
+    def active_refiner(self) -> XPressRefiner | XPressMarkovHead | None:
+        """The refiner that drafts: `refiner`, or the module a peft `ModulesToSaveWrapper` in its place runs (a LoRA
+        adapter that trains and saves the refiner, `hf-xpress train --lora`, loaded with peft or with transformers'
+        adapter support): its active adapter's copy, or the original while adapters are disabled. Read by duck
+        typing (no peft import). Drafting from `self.refiner` itself drafted without any refiner, silently."""
+        refiner = self.refiner
+        copies = getattr(refiner, "modules_to_save", None)
+        if copies is None or not hasattr(refiner, "original_module"):
+            return refiner
+        active = list(getattr(refiner, "active_adapters", None) or ["default"])
+        if getattr(refiner, "disable_adapters", False) or any(name not in copies for name in active):
+            return refiner.original_module
+        return copies[active[0]]
 
     def set_draft_vocab(self, token_ids: torch.Tensor | list[int] | None) -> None:
         """Draft among `token_ids` only (see `XPressDrafterConfig.draft_vocab_size`); None: the whole vocabulary.
@@ -706,7 +759,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
         whole-`V'` read-out; None for the whole vocabulary."""
         if vocab_ids is None:
             return None
-        weight = self.refiner.w2.weight
+        weight = self.active_refiner.w2.weight
         if torch.compiler.is_compiling():  # a compiled caller (torch.compile of propose) gathers inside its graph
             return weight[vocab_ids]
         key = (weight.data_ptr(), weight._version, weight.dtype, vocab_ids.data_ptr(), vocab_ids.shape[0])
@@ -725,12 +778,13 @@ class XPressDrafterModel(XPressPreTrainedModel):
         greedy/sampling and batch size is its own graph, so this raises torch's per-function recompile limit
         (`torch._dynamo.config.recompile_limit`) to at least 64.
         """
-        if not isinstance(self.refiner, XPressRefiner):
+        refiner = self.active_refiner
+        if not isinstance(refiner, XPressRefiner):
             raise ValueError(f"enable_fast_refine needs an xPress refiner; this drafter has refiner={self.config.refiner!r}.")
         import torch._dynamo.config as dynamo_config
 
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
-        self._fast_refine = torch.compile(self.refiner.refine_fixed, fullgraph=True, mode=mode, backend=backend)
+        self._fast_refine = torch.compile(refiner.refine_fixed, fullgraph=True, mode=mode, backend=backend)
 
     def disable_fast_refine(self) -> None:
         self._fast_refine = None
@@ -861,6 +915,26 @@ class XPressDrafterModel(XPressPreTrainedModel):
                 "set_draft_vocab(ids), or set_draft_vocab(None) to draft over the whole vocabulary."
             )
 
+    def check_built_shape(self) -> None:
+        """Raise a `ValueError` naming a config field changed since the modules were built where they cannot follow
+        it: another `refiner` (the built one would still run) or a `block_size` beyond the xPress mixer's (a crash
+        inside torch). A drafter's shape is fixed when it is built; `from_target(target, **fields)` builds another."""
+        refiner = self.active_refiner
+        built = {XPressRefiner: "xpress", XPressMarkovHead: "markov"}.get(type(refiner))
+        if self.config.refiner != built:
+            raise ValueError(
+                f"The drafter's config.refiner is {self.config.refiner!r}, but it was built with {built!r} (whose "
+                f"weights it holds): a drafter's refiner is fixed when it is built. Put config.refiner back to {built!r}, "
+                "or build a drafter with the other refiner (XPressDrafterModel.from_target(target, refiner=...), "
+                "untrained)."
+            )
+        if built == "xpress" and self.config.block_size > refiner.mix.L.shape[1]:
+            raise ValueError(
+                f"The drafter's config.block_size is {self.config.block_size}, but its xPress refiner's mixer was built "
+                f"for blocks of {refiner.mix.L.shape[1]}: a smaller block works, a larger one needs a drafter "
+                "built for it (XPressDrafterModel.from_target(target, block_size=...), untrained)."
+            )
+
     # ---- forward --------------------------------------------------------------------------------------------------
 
     def fuse_context(self, context_hidden_states: torch.Tensor) -> torch.Tensor:
@@ -951,19 +1025,20 @@ class XPressDrafterModel(XPressPreTrainedModel):
 
         base_logits = base_logits.float()  # no copy when already float32; never written to
         shortlist = self.config.refiner_shortlist if logits_hook is None else None
-        if isinstance(self.refiner, XPressMarkovHead):
+        refiner = self.active_refiner
+        if isinstance(refiner, XPressMarkovHead):
             if shortlist is not None:
                 return self._propose_markov_shortlist(base_logits, lead_tokens[:, 1:], shortlist, noise, vocab_ids)
             return self._propose_markov(base_logits, lead_tokens[:, 1:], pick, hook, vocab_ids)
 
         logits = hook(base_logits, 0, None)
-        if not isinstance(self.refiner, XPressRefiner) or passes == 0:
+        if not isinstance(refiner, XPressRefiner) or passes == 0:
             return self._proposal(pick(logits, 0), logits, 0, None, vocab_ids)
 
-        tables = self.refiner.tables()
+        tables = refiner.tables()
         num_slots = base_logits.shape[1]
         # Once per block: from the whole block (g pools it), then cut to the S slots. float32 (see RefinerTables).
-        hidden_part = self.refiner.hidden_part(hidden, tables, num_slots + 1)
+        hidden_part = refiner.hidden_part(hidden, tables, num_slots + 1)
         # What one pass scores: every token (the paper), or a per-slot shortlist of the drafter's top-M tokens
         # (`columns` of the base logits; `candidates` their token ids).
         columns = None if shortlist is None else top_candidates(logits, min(shortlist, logits.shape[-1]))
@@ -978,8 +1053,8 @@ class XPressDrafterModel(XPressPreTrainedModel):
 
         if columns is not None:  # among each slot's shortlist
             candidates = _token_ids(columns, vocab_ids)
-            base, cand_noise, rows = _gather_shortlist(base_logits, noise, columns, candidates, self.refiner.w2.weight)
-            tokens, scores, run = self.refiner.refine_shortlist(
+            base, cand_noise, rows = _gather_shortlist(base_logits, noise, columns, candidates, refiner.w2.weight)
+            tokens, scores, run = refiner.refine_shortlist(
                 hidden_part, base, rows.float(), candidates, lead_tokens, cand_noise, passes, early_stop, tables
             )
             return self._proposal(tokens, scores, run, candidates, vocab_ids)
@@ -987,7 +1062,7 @@ class XPressDrafterModel(XPressPreTrainedModel):
         read = self._refiner_read(vocab_ids)
 
         def rescore(prev: torch.LongTensor, start: int) -> torch.Tensor:  # slots start+1.., into `scores`
-            delta = self.refiner.delta(hidden_part, prev, start + 1, None, tables, read)
+            delta = refiner.delta(hidden_part, prev, start + 1, None, tables, read)
             if logits_hook is None:  # straight into `scores`: no new [S, V'] buffer per pass
                 return torch.add(base_logits[:, start:], delta, out=scores[:, start:])
             scores[:, start:] = hook(base_logits[:, start:] + delta.float(), start, tokens)
@@ -1089,30 +1164,31 @@ class XPressDrafterModel(XPressPreTrainedModel):
         vocabulary (C = V'). Also returns the number of slots S and C."""
         base = base_logits[0].float()  # [S, V']
         shortlist = self.config.refiner_shortlist
-        if shortlist and self.refiner is not None and shortlist < base.shape[-1]:
+        refiner = self.active_refiner
+        if shortlist and refiner is not None and shortlist < base.shape[-1]:
             columns = top_candidates(base, shortlist)  # [S, M]
             ids = _token_ids(columns, vocab_ids)
-            base, _, reads = _gather_shortlist(base, None, columns, ids, self.refiner.w2.weight)  # reads: [S, M, r]
+            base, _, reads = _gather_shortlist(base, None, columns, ids, refiner.w2.weight)  # reads: [S, M, r]
         else:
             ids = (vocab_ids if vocab_ids is not None else torch.arange(base.shape[-1], device=base.device))
             ids = ids.expand(base.shape[0], -1)
-            reads = self._refiner_read(vocab_ids) if self.refiner is not None else None
+            reads = self._refiner_read(vocab_ids) if refiner is not None else None
             reads = None if reads is None else reads.expand(base.shape[0], -1, -1)
 
         def read(k: int) -> torch.Tensor | None:
             return None if reads is None else reads[k - 1]
 
-        if isinstance(self.refiner, XPressRefiner):
-            tables = self.refiner.tables()
-            hidden_part = self.refiner.hidden_part(hidden, tables, base.shape[0] + 1)
+        if isinstance(refiner, XPressRefiner):
+            tables = refiner.tables()
+            hidden_part = refiner.hidden_part(hidden, tables, base.shape[0] + 1)
 
             def bias(prefix: torch.LongTensor, k: int) -> torch.Tensor:
                 part = hidden_part[:, : k + 1].expand(prefix.shape[0], -1, -1)
-                return self.refiner.delta(part, prefix[:, : k + 1], k, None, tables, read(k))[:, 0].float()
-        elif isinstance(self.refiner, XPressMarkovHead):
+                return refiner.delta(part, prefix[:, : k + 1], k, None, tables, read(k))[:, 0].float()
+        elif isinstance(refiner, XPressMarkovHead):
 
             def bias(prefix: torch.LongTensor, k: int) -> torch.Tensor:
-                return self.refiner(prefix[:, k : k + 1], read(k))[:, 0].float()
+                return refiner(prefix[:, k : k + 1], read(k))[:, 0].float()
         else:
 
             def bias(prefix: torch.LongTensor, k: int) -> torch.Tensor:
@@ -1134,23 +1210,25 @@ class XPressDrafterModel(XPressPreTrainedModel):
         """The Markov head scoring each slot's top-M drafter tokens only (`refiner_shortlist`), left to right."""
         columns = top_candidates(base_logits, min(shortlist, base_logits.shape[-1]))  # [1, B-1, M]
         candidates = _token_ids(columns, vocab_ids)
-        scores, noise, rows = _gather_shortlist(base_logits, noise, columns, candidates, self.refiner.w2.weight)
+        refiner = self.active_refiner
+        scores, noise, rows = _gather_shortlist(base_logits, noise, columns, candidates, refiner.w2.weight)
         rows = rows.float()  # float32 like xPress's passes: faster than bfloat16 for these tiny products on a CPU
         tokens = torch.empty(scores.shape[:2], dtype=torch.long, device=scores.device)
         prev = anchor
         for k in range(scores.shape[1]):
-            scores[:, k] += (rows[:, k] @ self.refiner.w1(prev)[:, 0, :, None].float())[..., 0]
+            scores[:, k] += (rows[:, k] @ refiner.w1(prev)[:, 0, :, None].float())[..., 0]
             tokens[:, k : k + 1] = prev = _pick_among(candidates[:, k : k + 1], _noisy(scores[:, k : k + 1], noise, k))
         return self._proposal(tokens, scores, base_logits.shape[1], candidates, vocab_ids)
 
     def _propose_markov(self, base_logits, anchor, pick, hook, vocab_ids) -> DraftProposal:
         """Left-to-right: slot k's logits are `s_k + w2(w1[token at k-1])`, one serial step per slot."""
         read = self._refiner_read(vocab_ids)
+        refiner = self.active_refiner
         logits = torch.empty_like(base_logits)
         tokens = torch.empty(base_logits.shape[:2], dtype=torch.long, device=base_logits.device)
         prev = anchor
         for k in range(base_logits.shape[1]):
-            logits[:, k : k + 1] = hook(base_logits[:, k : k + 1] + self.refiner(prev, read), k, tokens)
+            logits[:, k : k + 1] = hook(base_logits[:, k : k + 1] + refiner(prev, read), k, tokens)
             tokens[:, k : k + 1] = prev = pick(logits[:, k : k + 1], k)
         return self._proposal(tokens, logits, base_logits.shape[1], None, vocab_ids)
 

@@ -293,6 +293,7 @@ def dflash_config_to_xpress(
             raise ConversionError(
                 f"{name} sets {key}={value!r} (default {default!r}), which XPressDrafterModel does not implement."
             )
+    ours = raw.get("hf_xpress") or {}  # what `export_vllm` adds to the layout
     mask_token_id = dflash.get("mask_token_id", raw.get("mask_token_id"))
     if mask_token_id is None:
         raise ConversionError(f"{name} has no dflash_config.mask_token_id.")
@@ -342,7 +343,8 @@ def dflash_config_to_xpress(
         attention_dropout=raw.get("attention_dropout", 0.0),
         num_target_layers=_target_depth(raw_depth, ids, text, name),
         target_layer_ids=[int(i) for i in ids],
-        target_model_type=getattr(text, "model_type", None),
+        # our own export (`export_vllm`) records the target's type and the inference settings the layout lacks
+        target_model_type=getattr(text, "model_type", None) or ours.get("target_model_type"),
         bos_token_id=raw.get("bos_token_id"),
         eos_token_id=raw.get("eos_token_id"),
         pad_token_id=raw.get("pad_token_id"),
@@ -350,8 +352,7 @@ def dflash_config_to_xpress(
         mask_token_id=int(mask_token_id),
         refiner=None,
         **zlab_attention_layout(raw),
-        # our own export (`export_vllm`) records the inference settings its layout has no field for
-        **{k: v for k, v in (raw.get("hf_xpress") or {}).items() if k in INFERENCE_SETTINGS},
+        **{k: v for k, v in ours.items() if k in INFERENCE_SETTINGS},
     )
 
 
@@ -446,6 +447,14 @@ def build_model(config: XPressDrafterConfig, state: dict[str, torch.Tensor], dty
         for k, v in expected.items()
         if k in state and state[k].shape != v.shape
     ]
+    kinds = [f"{k}: {state[k].dtype}" for k, v in expected.items()  # copied as values: int8 100 would become 100.0
+             if k in state and state[k].is_floating_point() != v.is_floating_point()]
+    if kinds:
+        raise ConversionError(
+            f"The weights of {name} hold tensors of another kind than the layout's (integer for floating point or the "
+            f"reverse: a quantised checkpoint?): {kinds[:8]}{'...' if len(kinds) > 8 else ''}. Convert a checkpoint "
+            "with floating-point weights."
+        )
     if missing or unexpected or shapes:
         raise ConversionError(
             f"The weights of {name} do not fit the layout: missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
@@ -835,12 +844,9 @@ def load_vllm(folder: str | os.PathLike, *, target=None, dtype=None) -> XPressDr
     raw = _read_config(folder)
     architectures = raw.get("architectures") or []
     config = dflash_config_to_xpress(raw, target=target, name=str(folder))
-    extra = raw.get("hf_xpress") or {}
     fields = config.to_dict()
     for key in ("architectures", "auto_map", "transformers_version", "model_type", "dtype", "torch_dtype"):
         fields.pop(key, None)
-    if extra.get("target_model_type") is not None and fields.get("target_model_type") is None:
-        fields["target_model_type"] = extra["target_model_type"]  # (its inference settings: `dflash_config_to_xpress`)
     state = read_state_dict(folder)
     drafter_state = {k: v for k, v in state.items() if not k.startswith(("xpress_head.", "markov_head."))}
     if VLLM_XPRESS_ARCHITECTURE in architectures:
@@ -929,6 +935,17 @@ def load_checkpoint(
 def _load_checkpoint(source, *, refiner, base, target, dtype, jacobi_passes, use_cotrained_drafter,
                      strict) -> XPressDrafterModel:
     fmt = detect_format(source)
+    if fmt != "refiner_pt":  # options that only a refiner .pt reads: refused rather than ignored
+        unread = [name for name, given in (("base= (--base)", base is not None),
+                                           ("use_cotrained_drafter=False (--base-drafter-weights)",
+                                            not use_cotrained_drafter and refiner is None),
+                                           ("strict=False (--no-strict)", not strict and refiner is None)) if given]
+        if unread:
+            raise ConversionError(
+                f"{', '.join(unread)} only apply to an official refiner .pt, but {source} is a {fmt} checkpoint"
+                f"{'' if refiner is None else ' (base= names the drafter of a .pt given as the source)'}: drop them, "
+                "or attach a refiner .pt with refiner= (--refiner)."
+            )
     if fmt == "refiner_pt":
         if refiner is not None:
             raise ConversionError("Give the refiner .pt either as source or as refiner=, not both.")

@@ -294,6 +294,9 @@ def publish(
     """
     destination = str(folder_or_repo_id)
     push = _is_repo_id(destination) if push is None else push
+    if private and not push:
+        raise ValueError(f"private=True (--private) applies to an upload, but {destination} is written as a local "
+                         "folder: drop it, or publish to a Hub repo id (push=True, --push).")
     if push:
         _check_repo_id(destination)
         with tempfile.TemporaryDirectory(prefix="hf-xpress-publish-") as tmp:  # checks the rest, writes, then uploads

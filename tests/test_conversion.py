@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import math
 from pathlib import Path
 
@@ -578,6 +579,7 @@ def test_vllm_export_layout_and_round_trip(tmp_path, target, converted, refiner,
                     num_assistant_tokens_schedule="cost", refiner_shortlist=None if refiner is None else 4)
     for name, value in settings.items():
         setattr(drafter.config, name, value)
+    drafter.config.target_model_type = "qwen3"  # kept too (it was lost for a drafter without a refiner)
     monkeypatch.chdir(tmp_path)  # a relative output folder (stale shards were looked for at vllm/vllm/...)
     (tmp_path / "vllm").mkdir()  # an earlier sharded export there: its shards would be loaded with the new weights
     for name in ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "model.safetensors.index.json"):
@@ -624,6 +626,7 @@ def test_vllm_export_layout_and_round_trip(tmp_path, target, converted, refiner,
     assert back.config.refiner == refiner and back.config.jacobi_passes == drafter.config.jacobi_passes
     assert {name: getattr(back.config, name) for name in INFERENCE_SETTINGS} == \
         {name: getattr(drafter.config, name) for name in INFERENCE_SETTINGS}
+    assert back.config.target_model_type == "qwen3"
     assert back.state_dict().keys() == drafter.state_dict().keys()
     assert all(torch.equal(back.state_dict()[k], v) for k, v in drafter.state_dict().items())
     features, block, ids = inputs(target)
@@ -638,6 +641,12 @@ def test_vllm_export_layout_and_round_trip(tmp_path, target, converted, refiner,
     spec = json.loads(command.split("--speculative-config '")[1].split("'")[0])
     assert spec == {"method": result.method, "model": str(tmp_path.resolve() / "vllm"), "num_speculative_tokens": B - 1}
     assert ("--attention-backend flash_attn" in command) == (result.method != "dspark")  # as docs/interop.md shows
+
+    # a config edited after the drafter was built: the export would be mislabelled or unreadable
+    drafter.config.refiner = "markov" if refiner != "markov" else "xpress"
+    with pytest.raises(ValueError, match="export_vllm: the drafter's weights do not match its config"):
+        cv.export_vllm(drafter, tmp_path / "edited")
+    assert not (tmp_path / "edited").exists()
 
 
 def test_vllm_export_drops_the_draft_vocabulary_with_a_warning(tmp_path, converted, caplog):
@@ -697,6 +706,15 @@ def test_cli_convert_and_export(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "vllm serve Qwen/Qwen3-8B" in out and '"method": "xpress"' in out
     assert json.loads((tmp_path / "vllm" / "config.json").read_text())["xpress_num_passes"] == 5
+    # options only a refiner .pt reads, given for a folder: refused by name (they were ignored, exit status 0)
+    for extra, named in ((["--base", str(base)], "base= (--base)"),
+                         (["--base-drafter-weights"], "(--base-drafter-weights)"), (["--no-strict"], "(--no-strict)")):
+        args = parser.parse_args(["convert", str(base), str(tmp_path / "unread"), *extra])
+        with pytest.raises(cv.ConversionError, match=rf"{re.escape(named)} only apply to an official refiner .pt, "
+                                                     r"but .*zlab is a dflash checkpoint"):
+            args.func(args)
+    args = parser.parse_args(["convert", str(base), str(tmp_path / "attached"), "--refiner", str(pt), "--no-strict"])
+    assert args.func(args) == 0  # with a refiner .pt attached: read
 
 
 def test_dtype_names_and_cli_errors(tmp_path, capsys):
@@ -795,6 +813,28 @@ def test_corrupt_refiner_checkpoints_are_refused(tmp_path, make, message):
     make(path)
     with pytest.raises(cv.ConversionError, match=message):
         cv.load_refiner_checkpoint(path)
+
+
+def test_integer_weights_are_refused_not_cast(tmp_path, capsys):
+    """A quantised (int8) checkpoint converted with exit status 0: its integers were copied as float values (a norm
+    weight 100 became 100.0)."""
+    from hf_xpress.cli import main
+
+    weights = zlab_weights(0)
+    weights["norm.weight"] = torch.full_like(weights["norm.weight"], 100, dtype=torch.int8)
+    folder = write_zlab(tmp_path / "int8", weights=weights)
+    with pytest.raises(cv.ConversionError, match=r"tensors of another kind .*\['norm.weight: torch.int8'\]"):
+        cv.load_checkpoint(folder)
+    assert main(["convert", str(folder), str(tmp_path / "out")]) == 2 and not (tmp_path / "out").exists()
+    base = write_zlab(tmp_path / "zlab")
+    for part in ("refiner_state_dict", "draft_state_dict"):
+        path = write_refiner_pt(tmp_path / f"{part}.pt")
+        ck = torch.load(path, weights_only=False)
+        name = next(k for k, v in ck[part].items() if v.is_floating_point())
+        ck[part][name] = ck[part][name].to(torch.int8)
+        torch.save(ck, path)
+        with pytest.raises(cv.ConversionError, match="tensors of another kind"):
+            cv.load_checkpoint(path, base=base)
 
 
 def test_truncated_refiner_checkpoint_is_refused(tmp_path):

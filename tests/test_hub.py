@@ -633,8 +633,10 @@ def test_a_drafter_with_peft_adapters_drafts_with_its_refiner_and_is_not_publish
 
 def test_publish_checks_the_results_before_writing_anything(published, tmp_path):
     """A results table of the wrong shape failed while the card was written, after the weights and the remote code:
-    a half-written folder that a retry then refused as not empty."""
+    a half-written folder that a retry then refused as not empty. (And private=True without an upload is named.)"""
     drafter = make_drafter(published["target"])
+    with pytest.raises(ValueError, match=r"private=True \(--private\) applies to an upload"):  # was ignored
+        hub.publish(drafter, tmp_path / "out", target="t", private=True, push=False)
     for results in ({"humaneval": {"xpress": "1.6"}}, [1.6], {"humaneval": [1.6]}):
         with pytest.raises(ValueError, match=r"results: expected \{set: \{method: tau\}\} numbers"):
             hub.publish(drafter, tmp_path / "out", target="t", results=results, push=False)

@@ -303,7 +303,10 @@ def dflash_config_to_xpress(
     def integer(value) -> bool:  # JSON's numbers: a bool is not one
         return isinstance(value, int) and not isinstance(value, bool)
 
-    for key, value in (("mask_token_id", mask_token_id), ("block_size", block_size)):
+    sizes = {key: raw[key] for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                                       "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings")
+             if raw.get(key) is not None}  # int() truncated a hand-edited 64.5
+    for key, value in (("mask_token_id", mask_token_id), ("block_size", block_size), *sizes.items()):
         if not integer(value):
             raise ConversionError(f"{name}: {key} must be an integer, got {value!r}.")
     text = _target_text_config(target)
@@ -574,6 +577,9 @@ def load_refiner_checkpoint(path: str | os.PathLike, *, strict: bool = True) -> 
                               "training arguments as an argparse.Namespace or a dict.")
     args = vars(args) if isinstance(args, argparse.Namespace) else dict(args or {})
     state = _strip_prefixes(ckpt["refiner_state_dict"])
+    both = [f"{k} / {ours}" for k, ours in DEEPSPEC_MARKOV_KEYS.items() if k in state and ours in state]
+    if both:  # one would silently replace the other
+        raise ConversionError(f"{path}: refiner_state_dict holds a tensor under both its names ({', '.join(both)}).")
     state = {DEEPSPEC_MARKOV_KEYS.get(k, k): v for k, v in state.items()}
     bad = [k for k, v in state.items() if not isinstance(v, torch.Tensor)]
     if bad:

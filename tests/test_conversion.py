@@ -769,7 +769,7 @@ def test_a_hand_edited_zlab_config_is_a_malformed_checkpoint_not_a_crash(tmp_pat
     TypeError / int() errors from inside the converter, as tracebacks from the command line."""
     from hf_xpress.cli import main
 
-    for name, overrides in (("list", dict(dflash_config=[1, 2])), ("text", dict(hidden_size="abc"))):
+    for name, overrides in (("list", dict(dflash_config=[1, 2])), ("text", dict(rms_norm_eps="abc"))):
         folder = write_zlab(tmp_path / name, **overrides)
         with pytest.raises(cv.ConversionError, match="does not have the form its format needs .*the checkpoint is malformed"):
             cv.load_checkpoint(folder)
@@ -780,6 +780,8 @@ def test_a_hand_edited_zlab_config_is_a_malformed_checkpoint_not_a_crash(tmp_pat
         ("ids", dict(dflash_config={"mask_token_id": MASK, "target_layer_ids": "1,3"}),
          "dflash_config.target_layer_ids must be a list of integers, got '1,3'"),
         ("block", dict(block_size="16"), "block_size must be an integer, got '16'"),
+        ("width", dict(hidden_size=64.5), "hidden_size must be an integer, got 64.5"),  # was truncated to 64
+        ("width-text", dict(hidden_size="abc"), "hidden_size must be an integer, got 'abc'"),
         ("mask", dict(dflash_config={"mask_token_id": 1.5, "target_layer_ids": IDS}), "mask_token_id must be an integer"),
     ):
         with pytest.raises(cv.ConversionError, match=message):
@@ -806,6 +808,8 @@ def test_refiner_pt_with_arbitrary_objects_is_refused(tmp_path):
         (lambda p: write_refiner_pt(p, **{"in_proj.weight": torch.zeros(R, 2 * R)}), "inconsistent xPress head shapes"),
         (lambda p: write_refiner_pt(p, **{"mix.tril": torch.ones(B, B)}), "mix.tril is not lower-triangular"),
         (lambda p: write_refiner_pt(p, args=released_args(markov_rank=32)), "args.markov_rank = 32"),
+        (lambda p: write_refiner_pt(p, kind="markov", **{"markov_w1.weight": torch.zeros(V, R)}),
+         r"under both its names \(markov_w1.weight / w1.weight\)"),
     ],
 )
 def test_corrupt_refiner_checkpoints_are_refused(tmp_path, make, message):

@@ -431,6 +431,8 @@ def test_muse_glimmer_assistant_folder_converts_to_the_same_logits(tmp_path, tar
     assert cv.detect_format(folder) == "muse_glimmer"
     with pytest.raises(cv.ConversionError, match="no vocab_size"):
         cv.load_checkpoint(folder)
+    with pytest.raises(cv.ConversionError, match="from_pretrained takes no target: convert the folder first"):
+        XPressDrafterModel.from_pretrained(folder)  # converted on load: its hint to pass target= cannot be followed
     drafter = cv.load_checkpoint(folder, target=target.config)
     assert (drafter.config.vocab_size, drafter.config.num_target_layers) == (V, TARGET_LAYERS)
     features, block, _ = inputs(target)

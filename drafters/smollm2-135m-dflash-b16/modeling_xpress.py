@@ -1337,7 +1337,13 @@ def _convert_foreign_folder(path, options: dict) -> "XPressDrafterModel | None":
                          f"options {', '.join(FOREIGN_LOAD_OPTIONS)}, not {', '.join(other)}: convert it first "
                          "(`hf-xpress convert`) and load the converted folder.")
     dtype = options.get("dtype") if options.get("dtype") is not None else options.get("torch_dtype")  # or its alias
-    model = load_checkpoint(folder, dtype=dtype).eval()
+    try:
+        model = load_checkpoint(folder, dtype=dtype).eval()
+    except ConversionError as err:
+        if "target=" not in str(err):
+            raise
+        raise ConversionError(f"{err} from_pretrained takes no target: convert the folder first, `hf-xpress convert "
+                              f"{folder} OUT --target TARGET`, and load OUT.") from err
     device = options.get("device_map")
     if isinstance(device, dict):
         raise ValueError(f"{folder}: a device_map dict can not split a drafter converted on load; pass one device.")

@@ -47,7 +47,6 @@ from transformers import (
     GenerationConfig,
     GenerationMixin,
     LogitsProcessorList,
-    PreTrainedTokenizerBase,
     StoppingCriteriaList,
     StopStringCriteria,
     SynthIDTextWatermarkingConfig,
@@ -660,22 +659,32 @@ def first_stop(criteria, input_ids: torch.LongTensor, tokens: list[int]) -> int 
 
 def draft_copies(criteria) -> list:
     """`criteria` to check drafts with: transformers' own as they are (they keep no state), every other one as a
-    deep copy, so that drafts the target then rejects do not advance a count or a flag it keeps, in an attribute or
-    inside a list or dict it holds (a shallow copy shares those); the tokenizers, models and modules it holds are
-    shared, not copied. The originals see committed tokens only: transformers calls them at the end of each round."""
-    copies = []
-    for criterion in criteria:
-        if not type(criterion).__module__.startswith("transformers."):
-            heavy = [v for v in getattr(criterion, "__dict__", {}).values()
-                     if isinstance(v, (PreTrainedTokenizerBase, torch.nn.Module))]
-            for make in (lambda c: copy.deepcopy(c, {id(v): v for v in heavy}), copy.copy):
-                try:
-                    criterion = make(criterion)
-                    break
-                except Exception:  # one that refuses copying is checked as it is (documented: no state, then)
-                    continue
-        copies.append(criterion)
-    return copies
+    copy (`_draft_copy`), so that drafts the target then rejects do not advance a count or a flag it keeps. The
+    originals see committed tokens only: transformers calls them at the end of each round."""
+    return [c if type(c).__module__.startswith("transformers.") else _draft_copy(c) for c in criteria]
+
+
+DRAFT_COPY_TENSOR_LIMIT = 4096  # a criterion's tensors of up to this many elements are copied (state), larger shared
+
+
+def _draft_copy(criterion):
+    """A shallow copy of a user's criterion whose attributes that are lists, dicts, sets or small tensors (where a
+    criterion keeps its state: a shallow copy alone shares them) are copied too, one level deep; everything else it
+    holds (tokenizers, models, tables, the contents of those containers) is shared, so a copy costs microseconds
+    every round (a deep copy of one holding a tokenizer took 0.2 s). An object that refuses copying is checked as it
+    is (documented: no state, then)."""
+    try:
+        clone = copy.copy(criterion)
+    except Exception:
+        return criterion
+    state = getattr(clone, "__dict__", None)
+    for name, value in list((state or {}).items()):
+        if isinstance(value, (list, dict, set)):
+            state[name] = copy.copy(value)
+        elif isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) \
+                and value.numel() <= DRAFT_COPY_TENSOR_LIMIT:
+            state[name] = value.clone()
+    return clone
 
 
 def enforced_in_round(criterion, generation_config: GenerationConfig) -> bool:

@@ -10,6 +10,7 @@ uploaded; a repo id uploads it (`push_to_hub`).
 from __future__ import annotations
 
 import json
+import numbers
 import os
 import re
 import shutil
@@ -17,6 +18,7 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers.utils import logging
 
@@ -44,9 +46,13 @@ def check_results(results, what: str = "results") -> None:
     model card's table reads)."""
     if results is None or isinstance(results, str):
         return
-    if not (isinstance(results, dict) and all(
-            isinstance(row, dict) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in row.values())
-            for row in results.values())):
+    def number(value) -> bool:  # numpy's numbers are Real; a 0-d tensor formats as one too
+        if isinstance(value, torch.Tensor):
+            return value.dim() == 0 and value.dtype != torch.bool
+        return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+    if not (isinstance(results, dict) and all(isinstance(row, dict) and all(number(v) for v in row.values())
+                                              for row in results.values())):
         raise ValueError(f"{what}: expected {{set: {{method: tau}}}} numbers (or a text), as the model card's table "
                          f"reads them; got {str(results)[:80]}")
 

@@ -2287,7 +2287,7 @@ class Trainer:
         # processes, are multiplied by W * c / N once N (every n) is known: 1 exactly for one micro-batch in one
         # process. (The mean of per-micro-batch means weighted micro-batches with fewer valid slots, e.g. blocks
         # running past a sequence's end, more than one batch would.)
-        total, parts_sum, finite, tokens, blocks, norm_sum, scale = 0.0, {}, True, 0, 0, 0.0, None
+        total, parts_sum, finite, tokens, blocks, norm_sum, c = 0.0, {}, True, 0, 0, 0.0, None
         t0 = time.time()
         for micro in range(self.cfg.grad_accum):
             idx = self._next_indices()
@@ -2297,8 +2297,8 @@ class Trainer:
                 finite, counts, (norm, norms) = self._finite_everywhere(loss, packed)
                 if not finite:
                     break
-                scale = norms if scale is None and norms > 0 else scale  # c (a batch without valid slots: 0)
-                self.accel.backward(loss * (norm / scale if scale else 0.0))
+                c = norms if c is None and norms > 0 else c  # (a batch without valid slots: 0)
+                self.accel.backward(loss * (norm / c if c else 0.0))
             norm_sum += norms
             total += loss.item() * norm
             for k, v in parts.items():
@@ -2307,7 +2307,7 @@ class Trainer:
         if finite and norm_sum > 0:  # the logged losses: the same weighted mean
             total, *sums = (x / norm_sum for x in self._sum_over_processes([total, *parts_sum.values()]))
             parts_sum = dict(zip(parts_sum, sums))
-            factor = self.accel.num_processes * scale / norm_sum
+            factor = self.accel.num_processes * c / norm_sum
             if factor != 1.0:
                 for param in self.drafter.parameters():
                     if param.grad is not None:
@@ -2327,7 +2327,7 @@ class Trainer:
             self.state["blocks"] += blocks
         else:
             self.state["skipped"] += 1
-            # overflows are expected until the scale fits the gradients; one at a scale below 1 is not the scale's
+            # overflows are expected until the scale fits the gradients; once halving has taken it below 1, they are not
             if not (overflow and self.accel.scaler.get_scale() >= 1):
                 self.skipped_in_a_row += 1
             if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
@@ -2337,7 +2337,8 @@ class Trainer:
                     f"{self.cfg.clip}). The last checkpoint, if any, is as it was; no final drafter was written."
                 )
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
+        if finite:  # a skipped step (no update) does not advance the schedule, as transformers' Trainer does
+            self.scheduler.step()
         self.state["step"] += 1
         self.state["train_seconds"] += time.time() - t0
         return {"step": self.state["step"], "loss": total if finite or overflow else float("nan"), **parts_sum,

@@ -323,16 +323,19 @@ def test_custom_stopping_criteria_stop_where_plain_generate_stops(target, monkey
     assert ran_on >= 2, ran_on
 
 
-class _FiresOnceInADict(FiresOnce):
-    """`FiresOnce` with its state in a dict (a shallow copy shares it) and a module it holds, which is shared, not
-    copied: its deep copy fails here."""
+class _NoDeepCopy(torch.nn.Module):
+    """What a criterion may hold besides its state (a tokenizer, a model): shared by the draft copies, never deep-copied
+    (a deep copy of a tokenizer every round made generation 14x slower)."""
 
-    class _NoDeepCopy(torch.nn.Module):
-        def __deepcopy__(self, memo):
-            raise TypeError("a module a criterion holds is not deep-copied")
+    def __deepcopy__(self, memo):
+        raise TypeError("not to be deep-copied")
+
+
+class _FiresOnceInADict(FiresOnce):
+    """`FiresOnce` with its state in a dict (a shallow copy alone shares it), holding heavy objects beside it."""
 
     def __init__(self, token: int):
-        self.token, self.state, self.model = token, {"fired": False}, self._NoDeepCopy()
+        self.token, self.state, self.model, self.tables = token, {"fired": False}, _NoDeepCopy(), [_NoDeepCopy()]
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         hit = not self.state["fired"] and int(input_ids[0, -1]) == self.token
@@ -340,12 +343,25 @@ class _FiresOnceInADict(FiresOnce):
         return torch.tensor([hit])
 
 
-@pytest.mark.parametrize("criterion", [FiresOnce, _FiresOnceInADict])
+class _FiresOnceInATensor(FiresOnce):
+    """`FiresOnce` with its state in a tensor updated in place."""
+
+    def __init__(self, token: int):
+        self.token, self.fired = token, torch.zeros(1, dtype=torch.bool)
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        hit = ~self.fired & (input_ids[:, -1] == self.token)
+        self.fired |= hit
+        return hit
+
+
+@pytest.mark.parametrize("criterion", [FiresOnce, _FiresOnceInADict, _FiresOnceInATensor])
 def test_drafts_the_target_rejects_do_not_advance_a_users_stateful_criterion(target, monkeypatch, criterion):
     """Drafts are checked against a user's criteria before the target scores them. A criterion that keeps state (here:
     fires once) was advanced by those checks, so when the target then produced the token it no longer fired and
-    generation ran on past where plain generate stops. Drafts are now checked on a copy of it: a deep one, since a
-    shallow copy shared the state a criterion keeps in a dict (generation ran on), with the modules it holds shared."""
+    generation ran on past where plain generate stops. Drafts are now checked on a copy of it: a shallow one whose
+    containers and small tensors are copied too (a shallow copy alone shared a state kept in a dict, and generation
+    ran on), with everything else it holds shared."""
     drafter = tiny_drafter(target, "xpress")
     ids = torch.randint(0, 126, (1, 9))
     long_run = target.generate(ids, max_new_tokens=60, do_sample=False)[0]

@@ -641,5 +641,10 @@ def test_publish_checks_the_results_before_writing_anything(published, tmp_path)
         with pytest.raises(ValueError, match=r"results: expected \{set: \{method: tau\}\} numbers"):
             hub.publish(drafter, tmp_path / "out", target="t", results=results, push=False)
         assert not (tmp_path / "out").exists()
-    hub.publish(drafter, tmp_path / "out", target="t", results={"humaneval": {"xpress": 1.6}}, push=False)
-    assert "| humaneval | 1.60 |" in (tmp_path / "out" / "README.md").read_text()
+    import numpy as np
+
+    # numbers from numpy or torch (a mean over prompts) are numbers: not refused
+    results = {"humaneval": {"xpress": np.float32(1.6), "markov": np.int64(2)}, "mtbench": {"xpress": torch.tensor(1.25)}}
+    hub.publish(drafter, tmp_path / "out", target="t", results=results, push=False)
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "| humaneval | 2.00 | 1.60 |" in card and "| mtbench | - | 1.25 |" in card

@@ -386,7 +386,7 @@ def test_fp16_training_scales_the_loss_and_rides_out_overflows(tmp_path, fresh_a
     scaler's would keep the scale and overflow at every step)."""
     target, data, parser = _tiny_training_setup(tmp_path)
     assert parser.parse_args(["--mixed-precision", "fp16"]).mixed_precision == "fp16"
-    trainer = T.Trainer(_cfg(data, tmp_path / "run", mixed_precision="fp16", grad_accum=1), target=target)
+    trainer = T.Trainer(_cfg(data, tmp_path / "run", mixed_precision="fp16", grad_accum=1, warmup=0), target=target)
     scaler = trainer.accel.scaler
     assert scaler is not None and trainer.plain_drafter().fc.weight.dtype == torch.float32
     with trainer.accel.autocast():
@@ -394,13 +394,14 @@ def test_fp16_training_scales_the_loss_and_rides_out_overflows(tmp_path, fresh_a
     trainer.train_step()  # the scaler's scale exists from its first step on
     scaler.update(new_scale=2.0**80)  # overflows in float16 for certain
     before = [p.detach().clone() for p in trainer.plain_drafter().parameters()]
-    overflows, skipped = 0, trainer.state["skipped"]
+    overflows, skipped, lr = 0, trainer.state["skipped"], trainer.scheduler.get_last_lr()[0]
     for _ in range(100):  # 2**80 halves to a scale that fits in about 65 steps
         row = trainer.train_step()
         assert math.isfinite(row["loss"])  # the loss of an overflowing step is finite (the scaled gradient is not)
         if not math.isfinite(row["grad_norm"]):
             overflows += 1
             assert trainer.skipped_in_a_row == 0 and scaler.get_scale() == 2.0 ** (80 - overflows)
+            assert row["lr"] == lr  # a skipped step does not advance the schedule
             assert all(torch.equal(a, b) for a, b in zip(before, trainer.plain_drafter().parameters()))
             continue
         break

@@ -920,7 +920,8 @@ class XPressDrafterModel(XPressPreTrainedModel):
         it: another `refiner` (the built one would still run) or a `block_size` beyond the xPress mixer's (a crash
         inside torch). A drafter's shape is fixed when it is built; `from_target(target, **fields)` builds another."""
         refiner = self.active_refiner
-        built = {XPressRefiner: "xpress", XPressMarkovHead: "markov"}.get(type(refiner))
+        built = "xpress" if isinstance(refiner, XPressRefiner) else "markov" if isinstance(refiner, XPressMarkovHead) \
+            else None
         if self.config.refiner != built:
             raise ValueError(
                 f"The drafter's config.refiner is {self.config.refiner!r}, but it was built with {built!r} (whose "

@@ -840,13 +840,17 @@ def _damaged_checkpoint(where: Path, err: Exception) -> str:
             "or train into a new --out (--init-drafter continues from a saved drafter's weights).")
 
 
-def target_fingerprint(target) -> str:
-    """A short hash of a target's identity: its sizes and the first rows of its embedding and lm_head, rounded to
-    bfloat16 (the same for a target loaded in any dtype, different for another model of the same sizes)."""
+def target_fingerprint(target, signs: bool = True) -> str:
+    """A short hash of a target's identity: its sizes and the signs of the first rows of its embedding and lm_head
+    (thousands of them: another model of the same sizes differs), the same for a target loaded in any dtype.
+    `signs=False`: the values rounded to bfloat16 instead, as caches recorded before (`target_sha256`); a float16
+    copy rounds some of them differently, so a float16 target was refused its own cache."""
     text = target.config.get_text_config()
     digest = hashlib.sha256(f"{text.vocab_size}/{text.hidden_size}/{text.num_hidden_layers}".encode())
     for module in (target.get_input_embeddings(), target.get_output_embeddings()):
-        digest.update(module.weight[:4].detach().to("cpu", torch.bfloat16).float().numpy().tobytes())
+        rows = module.weight[:4].detach().to("cpu")
+        values = (rows > 0).numpy() if signs else rows.to(torch.bfloat16).float().numpy()
+        digest.update(np.packbits(values).tobytes() if signs else values.tobytes())
     return digest.hexdigest()[:16]
 
 
@@ -871,7 +875,6 @@ class FeatureCache:
         check_feature_cache_folder(self.folder)
         self.layer_ids = list(layer_ids)
         self.width = width
-        fingerprint = None if target is None else target_fingerprint(target)
         meta = self.folder / "meta.json"
         if mode == "w" and not meta.exists():
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -879,11 +882,12 @@ class FeatureCache:
             fresh = {"num_tokens": num_tokens, "width": width, "layer_ids": self.layer_ids, "num_done": 0}
             if data is not None:
                 fresh["data_sha256"] = data_prefix_hash(data, num_tokens)
-            if fingerprint is not None:
-                fresh["target_sha256"] = fingerprint
+            if target is not None:  # both: the bfloat16-rounded one is what earlier releases compare
+                fresh |= {"target_signs": target_fingerprint(target), "target_sha256": target_fingerprint(target, False)}
             _write_atomic(meta, json.dumps(fresh))
         info = json.loads(meta.read_text())
-        if fingerprint is not None and info.get("target_sha256") not in (None, fingerprint):
+        key = "target_signs" if "target_signs" in info else "target_sha256"  # a cache from before: its own kind
+        if target is not None and info.get(key) not in (None, target_fingerprint(target, key == "target_signs")):
             raise ValueError(f"feature cache {self.folder} holds another target's features (its weights differ from "
                              "this --target's): give this target's own --feature-cache folder, or a new one")
         recorded = info.get("data_sha256")
@@ -2014,6 +2018,11 @@ class Trainer:
         # too fast.
         self.accel = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available(),
                                  step_scheduler_with_optimizer=False)
+        launcher = os.environ.get("ACCELERATE_MIXED_PRECISION")  # `accelerate launch --mixed_precision` / its config
+        if launcher not in (None, cfg.mixed_precision):
+            self.accel.print(f"[train] warning: accelerate launch asks for mixed precision {launcher}, but the trainer "
+                             f"runs its own --mixed-precision ({cfg.mixed_precision}), which checkpoints and the model "
+                             f"card record: pass --mixed-precision {launcher} to the trainer for that", flush=True)
         fp16_on_cpu(self.accel)
         if self.accel.device.type == "cpu":
             keep_freed_memory()
@@ -2334,7 +2343,8 @@ class Trainer:
                 raise ValueError(
                     f"{self.skipped_in_a_row} steps in a row (to step {step + 1}) had a non-finite loss or gradient and "
                     f"were skipped: these settings cannot train (lr {self.cfg.lr}, gamma {self.cfg.gamma}, clip "
-                    f"{self.cfg.clip}). The last checkpoint, if any, is as it was; no final drafter was written."
+                    f"{self.cfg.clip}{self._precision_hint()}). The last checkpoint, if any, is as it was; no final "
+                    "drafter was written."
                 )
         self.optimizer.zero_grad(set_to_none=True)
         if finite:  # a skipped step (no update) does not advance the schedule, as transformers' Trainer does
@@ -2344,6 +2354,14 @@ class Trainer:
         return {"step": self.state["step"], "loss": total if finite or overflow else float("nan"), **parts_sum,
                 "grad_norm": grad_norm, "lr": self.scheduler.get_last_lr()[0], "tokens": self.state["tokens"],
                 "skipped": self.state["skipped"]}
+
+    def _precision_hint(self) -> str:
+        """For the "cannot train" error: float16's range, where a float16 autocast or target may be what overflows."""
+        if self.cfg.mixed_precision != "fp16" and self.cfg.target_dtype != "float16":
+            return ""
+        return (f", mixed precision {self.cfg.mixed_precision}, target {self.cfg.target_dtype}: float16 holds values up "
+                "to 65504, which some targets' hidden states pass; --mixed-precision bf16 or no, and --target-dtype "
+                "bfloat16 or float32, keep their range")
 
     def _finite_everywhere(self, loss: torch.Tensor, packed: PackedInput
                            ) -> tuple[bool, tuple[int, int], tuple[float, float]]:
@@ -2915,7 +2933,7 @@ def earlier_runs(init_drafter: str | None) -> list[dict]:
     if history is None or not history.exists():
         return []
     prev = json.loads(history.read_text())
-    run = {key: prev["state"][key] for key in ("step", "tokens", "train_seconds")}
+    run = {key: prev["state"][key] for key in ("step", "tokens", "train_seconds")} | {"skipped": prev["state"].get("skipped", 0)}
     run.update(folder=str(init_drafter), init_drafter=prev["config"].get("init_drafter"), lr=prev["config"]["lr"])
     return prev.get("earlier_runs", []) + [run]
 
@@ -2942,8 +2960,8 @@ def _regularisation(cfg: dict) -> str:
 def _adapted(cfg: dict) -> str:
     """How a warm-started run changed its drafter (`--grow-layers`, `--lora`), for the card's drafter line."""
     grown = f", {cfg['grow_layers']} of them added (identity-initialised) to the warm start's" if cfg.get("grow_layers") else ""
-    lora = (f"; the drafter trained through LoRA adapters (r = {cfg.get('lora_rank', 16)}), merged into its weights, the "
-            "refiner fully") if cfg.get("lora") else ""
+    lora = (f"; the drafter trained through LoRA adapters (r = {cfg.get('lora_rank', 16)}), merged into its weights"
+            + (", the refiner fully" if cfg.get("refiner") else "")) if cfg.get("lora") else ""
     return grown + lora
 
 
@@ -2961,12 +2979,13 @@ def _warm_start_line(cfg: dict, state: dict, earlier: list[dict] | None = None) 
     if not earlier:
         return f"- **Warm start**: this run started from {origin}.\n"
     runs = earlier + [dict(state, lr=cfg["lr"])]
-    parts = [f"{r['step']} steps, {r['tokens']} tokens, {r['train_seconds'] / 60:.1f} min, lr {r['lr']}" for r in runs]
+    trained = [r["step"] - r.get("skipped", 0) for r in runs]  # steps that updated the drafter, as the budget line
+    parts = [f"{n} steps, {r['tokens']} tokens, {r['train_seconds'] / 60:.1f} min, lr {r['lr']}" for n, r in zip(trained, runs)]
     first = earlier[0].get("init_drafter")
     return (
         f"- **Warm start**: this run started from {origin}; the recorded runs behind it, oldest first, then this one: "
         + "; ".join(parts)
-        + f" (total {sum(r['step'] for r in runs)} steps, {sum(r['tokens'] for r in runs)} training tokens, "
+        + f" (total {sum(trained)} steps, {sum(r['tokens'] for r in runs)} training tokens, "
         f"{sum(r['train_seconds'] for r in runs) / 60:.1f} minutes"
         + (f"; the oldest recorded run itself started from `{first}`, not recorded here" if first else "")
         + ").\n"
@@ -2982,10 +3001,12 @@ def ship_main(args: argparse.Namespace) -> int:
     import shutil
 
     run, final_out = Path(args.run), Path(args.out)
-    if args.repo_id is not None:
-        from .hub import _check_repo_id
+    from .hub import _check_repo_id
 
-        _check_repo_id(args.repo_id)
+    try:  # the card's usage code loads it: a Hub id (the default from --out's name too)
+        _check_repo_id(args.repo_id or f"hf-xpress/{final_out.name}")
+    except ValueError as err:
+        raise ValueError(f"{err}{'' if args.repo_id else ' (the default from --out; pass --repo-id USER/NAME)'}") from None
     src = run / args.checkpoint
     if not (src / "config.json").exists():
         saved = sorted(p.name for p in run.glob("*") if (p / "config.json").exists()) if run.is_dir() else []

@@ -412,6 +412,22 @@ def test_fp16_training_scales_the_loss_and_rides_out_overflows(tmp_path, fresh_a
     assert (tmp_path / "run" / "checkpoint" / "scaler.pt").exists()
 
 
+def test_a_launchers_other_mixed_precision_is_named(tmp_path, monkeypatch, capsys, fresh_accelerate_state):
+    """`accelerate launch --mixed_precision fp16` (or its config file) trained in float32 without a word: the trainer
+    passes its own --mixed-precision, which checkpoints and the model card record."""
+    target, data, _ = _tiny_training_setup(tmp_path)
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    from accelerate.state import AcceleratorState
+
+    trainer = T.Trainer(_cfg(data, tmp_path / "run"), target=target)
+    assert trainer.accel.mixed_precision == "no"
+    assert "accelerate launch asks for mixed precision fp16, but the trainer runs its own --mixed-precision (no)" in \
+        capsys.readouterr().out
+    AcceleratorState._reset_state(True)
+    T.Trainer(_cfg(data, tmp_path / "run16", mixed_precision="fp16"), target=target)
+    assert "accelerate launch asks" not in capsys.readouterr().out
+
+
 def test_training_reads_a_llama4_targets_decoder(tmp_path):
     """Llama4ForCausalLM's get_decoder() returns the CausalLM itself (its decoder sits at .model under another
     base-model prefix): the trainer read `last_hidden_state` off its logits output and crashed."""
@@ -845,8 +861,13 @@ def test_nan_guard_skips_the_step(tmp_path):
         torch.testing.assert_close(v, before[k])
     for _ in range(T.MAX_SKIPPED_IN_A_ROW - 2):
         trainer.train_step()
-    with pytest.raises(ValueError, match="10 steps in a row .* non-finite loss or gradient .* cannot train"):
+    with pytest.raises(ValueError, match="10 steps in a row .* non-finite loss or gradient .* cannot train") as err:
         trainer.train_step()  # the run stops instead of writing an untrained drafter as its result
+    assert "65504" not in str(err.value)
+    # in float16, the range is named (hidden states past 65504 gave non-finite losses blamed on lr, gamma and clip)
+    trainer.cfg.mixed_precision = "fp16"
+    with pytest.raises(ValueError, match="mixed precision fp16, target float32: float16 holds values up to 65504"):
+        trainer.train_step()
 
 
 def test_gradient_accumulation_equals_the_larger_batch(tmp_path):
@@ -1025,6 +1046,17 @@ def test_max_sequences_trains_on_a_prefix_that_a_partial_cache_covers(tmp_path, 
     # another model of the same sizes: its features were used as this target's, silently
     with pytest.raises(ValueError, match="feature cache .*cache holds another target's features"):
         T.Trainer(_cfg(data, tmp_path / "other", max_sequences=4, **kw), target=tiny_llama(seed=1))
+    # the same target in float16 (--target-dtype float16, fp16 GPUs): its own cache (it was refused, its weights rounding
+    # differently to the bfloat16 the fingerprint hashed)
+    assert T.Trainer(_cfg(data, tmp_path / "half", max_sequences=4, **kw), target=tiny_llama().half()).cache is not None
+    meta = tmp_path / "cache" / "meta.json"  # a cache recorded before the signs were: compared as it was
+    info = json.loads(meta.read_text())
+    assert info["target_signs"] == T.target_fingerprint(target) != T.target_fingerprint(tiny_llama(seed=1))
+    del info["target_signs"]
+    meta.write_text(json.dumps(info))
+    assert T.Trainer(_cfg(data, tmp_path / "old", max_sequences=4, **kw), target=target).cache is not None
+    with pytest.raises(ValueError, match="another target's features"):
+        T.Trainer(_cfg(data, tmp_path / "old-other", max_sequences=4, **kw), target=tiny_llama(seed=1))
     parser = argparse.ArgumentParser()
     T._train_arguments(parser)
     assert parser.parse_args(["--max-sequences", "4"]).max_sequences == 4
@@ -1385,6 +1417,12 @@ def test_warm_start_chain_is_recorded_for_the_model_card(tmp_path):
     assert "2 steps" in line and "3 steps" in line and "1 steps" in line and "total 6 steps" in line
     tokens = sum(r["tokens"] for r in runs) + saved["state"]["tokens"]
     assert f"{tokens} training tokens" in line and "not recorded" not in line
+    # steps counted as the card's budget line counts them, without the skipped ones (a skipped step does not train)
+    skipped = [dict(r, skipped=1) for r in runs]
+    line = T._warm_start_line(saved["config"], dict(saved["state"], skipped=1), skipped)
+    assert "1 steps" in line and "2 steps" in line and "0 steps" in line and "total 3 steps" in line
+    assert "the refiner fully" not in T._adapted({"lora": True, "refiner": None})  # LoRA without a refiner
+    assert T._adapted({"lora": True, "refiner": "xpress", "lora_rank": 4}).endswith("merged into its weights, the refiner fully")
     # A folder extracted from git history by scripts/folders_at.sh is named by the commit it was shipped at.
     line = T._warm_start_line(dict(saved["config"], init_drafter="runs/drafters-98625d6/smollm2-135m-xpress-b16"),
                               saved["state"], runs)
@@ -1474,6 +1512,9 @@ def test_ship_writes_the_folder_card_and_inference_defaults(tmp_path):
     assert "hf-xpress/shipped" in card and "_setup" not in card
     with pytest.raises(ValueError, match="'my drafter' is not a Hub repo id"):
         T.ship_main(argparse.Namespace(**{**vars(args), "repo_id": "my drafter"}))
+    with pytest.raises(ValueError, match=r"'hf-xpress/my drafter' is not a Hub repo id.*\(the default from --out; pass "
+                                         r"--repo-id USER/NAME\)"):  # a card loading an id that cannot exist
+        T.ship_main(argparse.Namespace(**{**vars(args), "out": str(tmp_path / "my drafter")}))
     assert (out / "README.md").read_text() == card
     T.ship_main(argparse.Namespace(**{**vars(args), "repo_id": "me/my-drafter"}))  # a user's own repository
     mine = (out / "README.md").read_text()

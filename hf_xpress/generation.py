@@ -340,6 +340,13 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             # The user asked for every hidden state: keep them all (a layer subset would break `_split_model_outputs`).
             self.model_kwargs_overrides = {"output_hidden_states": True}
         self.config: XPressDrafterConfig = assistant_model.config
+        embed_device = target.get_input_embeddings().weight.device
+        if self.device != embed_device:
+            logger.warning_once(
+                f"The drafter is on {self.device} and the target's embeddings on {embed_device}: drafting runs on "
+                f"{self.device}, with the target's features copied there every round. For speed, move it: "
+                f"drafter.to({str(embed_device)!r}) (or load it with device_map={str(embed_device)!r})."
+            )
         # The parent sizes the cache from the config: sliding-window layers would keep only the last keys. Ours keeps
         # the whole context in every layer (a few drafter layers: small), and the drafter's masks apply the window.
         self.cache = DFlashCache()
@@ -443,14 +450,9 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             self.stats.plain_steps += 1
             return input_ids, None
         hidden = self._draft_forward(input_ids)
-        lm_head = self.main_model_output_embeddings
-        # Only the slots we submit; in the target head's dtype (a bf16 drafter may serve an fp32 target). Without
-        # logits processors, only the draft vocabulary's columns (the processors need the whole vocabulary).
-        drafts = hidden[:, 1 : 1 + num_drafts]
-        if self.logits_processor:
-            base_logits, vocab_ids = self.assistant_model.draft_logits(drafts, lm_head), None
-        else:
-            base_logits, vocab_ids = self.assistant_model.draft_scores(drafts, lm_head)
+        # Only the slots we submit; without logits processors only the draft vocabulary's columns (the processors need
+        # the whole vocabulary).
+        base_logits, vocab_ids = self.head_scores(hidden[:, 1 : 1 + num_drafts], bool(self.logits_processor))
         drafted = self._clock()
 
         noise = None
@@ -460,7 +462,9 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         proposal = self.assistant_model.propose(
             hidden,
             base_logits,
-            lead_tokens=input_ids[:, -2:].to(base_logits.device),
+            # a copy: a view's row stride (the sequence's length) changes every round, and a compiled refiner
+            # (enable_fast_refine) would take each stride for a new input shape
+            lead_tokens=input_ids[:, -2:].to(self.device, copy=True),
             passes=self.jacobi_passes,
             noise=noise,
             logits_hook=self._logits_hook(input_ids) if self.logits_processor else None,
@@ -487,7 +491,20 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             self.planner.submitted(num_drafts, start)
         candidate_ids = torch.cat([input_ids, proposal.tokens[:, :num_drafts].to(input_ids.device)], dim=1)
         # Greedy verification compares tokens only; the logits (q) are for speculative sampling and ensembling.
-        return candidate_ids, proposal.logits[:, :num_drafts] if self.needs_logits else None
+        return candidate_ids, proposal.logits[:, :num_drafts].to(input_ids.device) if self.needs_logits else None
+
+    def head_scores(self, hidden: torch.Tensor, whole_vocabulary: bool = False
+                    ) -> tuple[torch.Tensor, torch.LongTensor | None]:
+        """The drafter's base scores of the slots `hidden` `[1, S, H]` through the target's lm_head (in the head's
+        dtype: a bf16 drafter may serve an fp32 target), float32, and the token ids of their columns (None: the whole
+        vocabulary, also with `whole_vocabulary`), both on the drafter's device, where the refiner runs: the head may
+        sit on another device (a target split over GPUs: its last)."""
+        lm_head = self.main_model_output_embeddings
+        if whole_vocabulary:
+            scores, ids = self.assistant_model.draft_logits(hidden, lm_head), None
+        else:
+            scores, ids = self.assistant_model.draft_scores(hidden, lm_head)
+        return scores.to(self.device), None if ids is None else ids.to(self.device)
 
     def _confident_prefix(self, log_probs: torch.Tensor) -> int:
         """Drafts up to and including the first whose log-probability (`[1, S]`) is below the threshold's (all S if
@@ -542,9 +559,10 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         features = self.pending[0] if len(self.pending) == 1 else torch.cat(self.pending, dim=1)
         num_new = features.shape[1]  # verified tokens before the anchor, not yet cached
         self.pending = []
+        embed_device = self.main_model_input_embeddings.weight.device  # the ids may be elsewhere (on the CPU)
         if self.mask_embeds is None:
-            self.mask_embeds = self._get_noise_embeds(self.noise_ids_mask.to(input_ids.device)).to(self.device)
-        anchor = self._get_noise_embeds(input_ids[:, -1:]).to(self.device)
+            self.mask_embeds = self._get_noise_embeds(self.noise_ids_mask.to(embed_device)).to(self.device)
+        anchor = self._get_noise_embeds(input_ids[:, -1:].to(embed_device)).to(self.device)
         positions = torch.arange(
             self.context_length, self.context_length + num_new + self.block_size, device=self.device
         ).unsqueeze(0)

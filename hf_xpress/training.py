@@ -1699,7 +1699,7 @@ def pack_blocks(
     device = embed.weight.device
     block_ids = torch.full((b, M * B), cfg.mask_token_id, dtype=torch.long)
     pos = torch.zeros(b, Lmax + M * B, dtype=torch.long)
-    context = torch.zeros(b, Lmax, feats[0].shape[-1], dtype=feats[0].dtype)
+    context = torch.zeros(b, Lmax, feats[0].shape[-1], dtype=feats[0].dtype, device=feats[0].device)  # no round trip
     anchor_prev, gold, labels, valid, final_rows, flat = [], [], [], [], [], []
     slot = torch.arange(K)
     for r, ((tok, lab, _), a_list) in enumerate(zip(seqs, anchors)):
@@ -1719,7 +1719,7 @@ def pack_blocks(
             gold.append(tok[(idx + 1).clamp(max=L - 1)])  # token at slot k = x_{a+k}
             labels.append(lab[idx])
             valid.append(ok)
-            final_rows.append(finals[r][idx])
+            final_rows.append(finals[r][idx.to(finals[r].device)])
             flat.append(r * M + i)
     labels_t = torch.stack(labels).long().to(device)
     valid_t = torch.stack(valid).to(device)
@@ -2211,7 +2211,7 @@ class Trainer:
             # inference the refiner biases only the tokens it was trained on.
             with torch.no_grad():
                 keep = torch.zeros(drafter.config.vocab_size, dtype=torch.bool, device=drafter.refiner.w2.weight.device)
-                keep[self.vocab] = True
+                keep[self.vocab.to(keep.device)] = True  # the vocabulary may sit on a GPU, keep on the CPU
                 drafter.refiner.w2.weight[~keep] = 0.0
         if cfg.lora:
             from peft import LoraConfig, get_peft_model

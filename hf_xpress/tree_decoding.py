@@ -344,8 +344,9 @@ def _tree_loop(model, input_ids, logits_processor, stopping_criteria, generation
                tree_width, tree_budget, lookup_branch, streamer) -> torch.LongTensor:
     """`tree_decoding`'s prefill and rounds, its arguments checked; `streamer` (or None) gets each committed token."""
     stats, clock, overrides = generator.stats, generator._clock, generator.model_kwargs_overrides
-    lm_head = generator.main_model_output_embeddings
     max_length = generation_config.max_length
+    given = input_ids.device  # the ids may be on the CPU for a target on a GPU, as generate() takes them
+    input_ids = input_ids.to(model.get_input_embeddings().weight.device)
     outputs = model(input_ids, cache=cache, use_cache=True, logits_to_keep=1, **overrides)
     _check_cache(cache)
     logits = outputs.logits[:, -1].float()
@@ -371,9 +372,9 @@ def _tree_loop(model, input_ids, logits_processor, stopping_criteria, generation
             drafted = refined = clock()
         elif drafter_round:
             hidden = generator._draft_forward(input_ids)
-            base, vocab_ids = drafter.draft_scores(hidden[:, 1 : 1 + depth], lm_head)
+            base, vocab_ids = generator.head_scores(hidden[:, 1 : 1 + depth])
             drafted = clock()
-            lead = input_ids[:, -2:]
+            lead = input_ids[:, -2:].to(base.device)
             if tree_budget is None:
                 tree = drafter.propose_tree(hidden, base, lead, tree_width, vocab_ids)
                 tokens, parents = tree.reshape(-1).tolist(), chain_parents(*tree.shape)
@@ -417,7 +418,7 @@ def _tree_loop(model, input_ids, logits_processor, stopping_criteria, generation
             generator._record_round(tokens, passes, bool(looked_up), refined, proposed=proposed)
             stats.verify_time += clock() - refined
             stats.accepted.append(len(new) - 1)
-    return input_ids
+    return input_ids.to(given)
 
 
 __all__ = ["DEFAULT_TREE_WIDTH", "add_branch", "chain_parents", "keep_cache_rows", "node_depths", "tree_attention_mask",

@@ -3,6 +3,7 @@ the native DFlash path, other assistants untouched, streamers, sampling that kee
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -1306,3 +1307,31 @@ def test_targets_without_attention_heads_or_a_position_limit_get_a_lossless_draf
             assert torch.equal(target.generate(ids, assistant_model=drafter, max_new_tokens=24, do_sample=False),
                                target.generate(ids, max_new_tokens=24, do_sample=False))
     assert tiny_drafter(target, None, num_attention_heads=2, max_position_embeddings=64).config.num_attention_heads == 2
+
+
+def test_drafting_runs_on_the_drafters_device(target, caplog):
+    """A GPU user's target may put its lm_head on another device than its embeddings (a target split over GPUs), and
+    `AutoModel.from_pretrained` leaves a drafter on the CPU: the refiner's inputs came from the lm_head's device and
+    crashed inside torch against the drafter's weights. The head's scores now go to the drafter's device (here a
+    "meta" device stands in for another one), and a drafter elsewhere than the target's embeddings is named.
+    `scripts/gpu_devices.py` checks these placements for exactness on a GPU machine."""
+    from transformers.utils import logging as hf_logging
+
+    drafter = tiny_drafter(target, "xpress")
+    drafter.set_draft_vocab(list(range(0, 128, 2)))
+    generator = XPressCandidateGenerator(target, drafter, target.generation_config)
+    generator.device = torch.device("meta")
+    hidden = torch.randn(1, 3, 64)
+    for whole in (False, True):
+        scores, ids = generator.head_scores(hidden, whole)
+        assert scores.device.type == "meta" and scores.shape == (1, 3, 128 if whole else 64)
+        assert (ids is None) == whole and (whole or ids.device.type == "meta")
+    hf_logging.warning_once.cache_clear()
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level("WARNING"):
+            XPressCandidateGenerator(target, copy.deepcopy(drafter).to("meta"), target.generation_config)
+    finally:
+        hf_logging.disable_propagation()
+    assert "The drafter is on meta and the target's embeddings on cpu: drafting runs on meta" in caplog.text
+    assert "drafter.to('cpu')" in caplog.text

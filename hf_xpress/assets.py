@@ -350,6 +350,21 @@ def looks_like_a_path(name: str) -> bool:
     return name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
 
 
+def check_device(device: str) -> torch.device:
+    """`--device` as a torch device this torch can use; a `ValueError` naming it otherwise (not a traceback from deep
+    inside a model's `.to()`)."""
+    try:
+        found = torch.device(device)
+    except RuntimeError as err:
+        raise ValueError(f"--device {device!r}: not a torch device ({err})") from None
+    usable = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(),
+              "xpu": hasattr(torch, "xpu") and torch.xpu.is_available()}
+    if not usable.get(found.type, False):
+        raise ValueError(f"--device {device!r}: this torch has no usable {found.type} device "
+                         f"(usable: {', '.join(k for k, v in usable.items() if v)})")
+    return found
+
+
 def load_target(
     name_or_path: str = DEFAULT_TARGET,
     dtype: torch.dtype = torch.float32,

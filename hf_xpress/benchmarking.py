@@ -1977,15 +1977,9 @@ def _check_run_numbers(args: argparse.Namespace) -> None:
     for flag, value in (("--block-compiled", args.block_compiled), ("--block-profile", args.block_profile)):
         if value and not (args.block_only or args.block_latency):  # else silently nothing
             raise ValueError(f"{flag} applies to the per-block benchmark: add --block-only or --block-latency")
-    try:
-        device = torch.device(args.device)
-    except RuntimeError as err:
-        raise ValueError(f"--device {args.device!r}: not a torch device ({err})") from None
-    usable = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(),
-              "xpu": hasattr(torch, "xpu") and torch.xpu.is_available()}
-    if not usable.get(device.type, False):  # else a traceback from deep inside the model's .to()
-        raise ValueError(f"--device {args.device!r}: this torch has no usable {device.type} device "
-                         f"(usable: {', '.join(k for k, v in usable.items() if v)})")
+    from .assets import check_device
+
+    check_device(args.device)
 
 
 def _check_options_apply(args: argparse.Namespace, kinds: set[str]) -> None:

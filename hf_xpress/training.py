@@ -1219,12 +1219,13 @@ def _check_data_numbers(args: argparse.Namespace) -> list[int] | None:
 
 def data_main(args: argparse.Namespace) -> int:
     """`hf-xpress data`: collect (or regenerate) sequences, then label them with the target (resumable)."""
-    from .assets import load_target
+    from .assets import check_device, load_target
 
     layer_ids = _check_data_numbers(args)
+    device = check_device(args.device)
     torch.set_num_threads(args.threads or torch.get_num_threads())
     out = Path(args.out)
-    target, tokenizer = load_target(args.target, dtype=getattr(torch, args.dtype))
+    target, tokenizer = load_target(args.target, dtype=getattr(torch, args.dtype), device=device)
     depth = target.config.get_text_config().num_hidden_layers
     beyond = [i for i in layer_ids or [] if not 0 <= i < depth]
     if beyond:  # before any collection: label_dataset checks again for its other callers
@@ -1359,6 +1360,7 @@ def add_data_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="target dtype for labelling / regeneration (bfloat16: ~3x faster on CPUs with AMX, labels "
                         "differ from float32's only at near-ties)")
+    p.add_argument("--device", default="cpu", help="where the target labels and regenerates, e.g. cuda")
     p.add_argument("--extend", action="store_true",
                    help="append the --source sequences (ids not yet present) to the dataset in --out, then label them")
     p.add_argument("--layer-ids", default=None, help="target layers to cache (with --feature-cache)")
@@ -2791,7 +2793,7 @@ def measure_tau(target: Any, tokenizer: Any, drafter: XPressDrafterModel, sets: 
 def tau_main(args: argparse.Namespace) -> int:
     """`python -m hf_xpress.training tau`: measure a drafter's tau (json), or with `--reference FILE` and no
     `--drafter` only compute the plain greedy outputs once for several drafter runs to share."""
-    from .assets import load_target
+    from .assets import check_device, load_target
 
     if args.drafter is not None and not args.out:
         raise ValueError("--drafter needs --out FILE (where the measurement is written)")
@@ -2807,6 +2809,7 @@ def tau_main(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag} must be at least {least}, got {value}")
     if args.out and Path(args.out).is_dir():  # before the measurement, not after it
         raise ValueError(f"--out {args.out} is a folder; give the json file to write")
+    device = check_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = {"target": args.target, "max_new_tokens": args.max_new_tokens, "skip": args.skip}
@@ -2817,12 +2820,12 @@ def tau_main(args: argparse.Namespace) -> int:
         if made is not None and made != settings:
             raise ValueError(f"{args.reference} holds plain greedy outputs for {made}, not {settings}; "
                              "pass another --reference file")
-    target, tokenizer = load_target(args.target, dtype=torch.float32)
+    target, tokenizer = load_target(args.target, dtype=torch.float32, device=device)
     sets = args.sets.split(",")
     drafter = None
     if args.drafter is not None:  # before the greedy reference (minutes): a drafter for another target fails fast
         try:
-            drafter = XPressDrafterModel.from_pretrained(args.drafter, dtype=torch.float32).eval()
+            drafter = XPressDrafterModel.from_pretrained(args.drafter, dtype=torch.float32).eval().to(device)
         except OSError as err:  # a missing folder reads as a malformed Hub id
             raise ValueError(f"--drafter {args.drafter}: not a saved drafter folder or Hub id ({err})") from err
         check_compatible(target.config, drafter.config)
@@ -2896,6 +2899,7 @@ def add_tau_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--lookup", type=int, default=None, metavar="N", help="prompt lookup's N drafts per round too: "
                    "with --tree a branch of the tree (lookup_branch), else tried first; tau is then the method's")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--device", default="cpu", help="where the target and the drafter run (float32 either way), e.g. cuda")
     p.add_argument("--out", default=None, help="json file for the measurement (needed with --drafter)")
     p.set_defaults(func=tau_main)
     return p

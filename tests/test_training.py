@@ -1222,6 +1222,8 @@ def test_data_refuses_lengths_past_the_targets_positions(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="--max-len 512 is past the target's 64 positions"):
         T.data_main(parser.parse_args(["data", "--source", "stdlib", "--out", str(tmp_path / "ds")]))
     assert not (tmp_path / "ds").exists()
+    with pytest.raises(ValueError, match="--device 'gpu': not a torch device"):  # labelling on a GPU: --device cuda
+        T.data_main(parser.parse_args(["data", "--device", "gpu", "--out", str(tmp_path / "ds")]))
     # sequences that exist already (a dataset: source, taken whole; a dataset resumed): their own lengths decide
     make_dataset(tmp_path / "long", tiny_llama(), num_seqs=4, length=100)
     with pytest.raises(ValueError, match="long: its longest sequence has 100 tokens, past the target's 64 positions"):
@@ -1860,7 +1862,8 @@ def test_tau_command_checks_its_arguments_before_loading_anything(tmp_path, monk
                            "least 0"), (["--threads", "-1"], "--threads must be at least 0"),
                            (["--lookup", "-2"], "--lookup must be at least 0"),
                            (["--tree", "0"], "--tree must be at least 1"),  # ran chains
-                           (["--tree", "2", "--tree-budget", "-1"], "--tree-budget must be at least 1")):
+                           (["--tree", "2", "--tree-budget", "-1"], "--tree-budget must be at least 1"),
+                           (["--device", "meta"], "--device 'meta': this torch has no usable meta device")):
         with pytest.raises(ValueError, match=message):
             T.tau_main(parser.parse_args(["tau", *out, *flags]))
     with pytest.raises(ValueError, match="is a folder; give the json file to write"):

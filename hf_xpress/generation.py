@@ -462,9 +462,9 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         proposal = self.assistant_model.propose(
             hidden,
             base_logits,
-            # a copy: a view's row stride (the sequence's length) changes every round, and a compiled refiner
-            # (enable_fast_refine) would take each stride for a new input shape
-            lead_tokens=input_ids[:, -2:].to(self.device, copy=True),
+            # a fresh [1, 2] tensor: the view's row stride (the sequence's length) changes every round, and a compiled
+            # refiner (enable_fast_refine) takes each stride for a new input (`.to` and `.contiguous` keep it)
+            lead_tokens=input_ids[:, -2:].to(self.device).clone(memory_format=torch.contiguous_format),
             passes=self.jacobi_passes,
             noise=noise,
             logits_hook=self._logits_hook(input_ids) if self.logits_processor else None,

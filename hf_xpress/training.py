@@ -842,7 +842,8 @@ def _damaged_checkpoint(where: Path, err: Exception) -> str:
 
 def target_fingerprint(target, signs: bool = True) -> str:
     """A short hash of a target's identity: its sizes and the signs of the first rows of its embedding and lm_head
-    (thousands of them: another model of the same sizes differs), the same for a target loaded in any dtype.
+    (thousands of them: another model of the same sizes differs), the same for a target loaded in any floating dtype
+    (but for a weight below float16's smallest subnormal, which float16 rounds to 0).
     `signs=False`: the values rounded to bfloat16 instead, as caches recorded before (`target_sha256`); a float16
     copy rounds some of them differently, so a float16 target was refused its own cache."""
     text = target.config.get_text_config()
@@ -2020,8 +2021,9 @@ class Trainer:
         # too fast.
         self.accel = Accelerator(mixed_precision=cfg.mixed_precision, cpu=not torch.cuda.is_available(),
                                  step_scheduler_with_optimizer=False)
-        launcher = os.environ.get("ACCELERATE_MIXED_PRECISION")  # `accelerate launch --mixed_precision` / its config
-        if launcher not in (None, cfg.mixed_precision):
+        # `accelerate launch --mixed_precision` / its config file (a plain launch exports "no": not asked for)
+        launcher = os.environ.get("ACCELERATE_MIXED_PRECISION")
+        if launcher not in (None, "no", cfg.mixed_precision):
             self.accel.print(f"[train] warning: accelerate launch asks for mixed precision {launcher}, but the trainer "
                              f"runs its own --mixed-precision ({cfg.mixed_precision}), which checkpoints and the model "
                              f"card record: pass --mixed-precision {launcher} to the trainer for that", flush=True)
@@ -2812,12 +2814,13 @@ def tau_main(args: argparse.Namespace) -> int:
     device = check_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
-    settings = {"target": args.target, "max_new_tokens": args.max_new_tokens, "skip": args.skip}
+    # the device too: outputs computed elsewhere can differ at near-ties, and `identical_to_greedy` compares with them
+    settings = {"target": args.target, "max_new_tokens": args.max_new_tokens, "skip": args.skip, "device": device.type}
     reference = None
     if args.reference and Path(args.reference).exists():  # before loading any model: a mismatch fails fast
         reference = _read_json_object(Path(args.reference), "--reference")
         made = reference.get("_settings")  # absent in files written before it was recorded
-        if made is not None and made != settings:
+        if made is not None and {"device": "cpu", **made} != settings:  # files from before --device: the CPU's
             raise ValueError(f"{args.reference} holds plain greedy outputs for {made}, not {settings}; "
                              "pass another --reference file")
     target, tokenizer = load_target(args.target, dtype=torch.float32, device=device)
@@ -2840,7 +2843,7 @@ def tau_main(args: argparse.Namespace) -> int:
     apply_inference_settings(drafter.config, passes + (args.set or []))
     c = drafter.config  # every inference setting the figures depend on, as they are before generation (a heuristic
     setup = {"drafter": args.drafter, "drafter_sha256": _weights_hash(Path(args.drafter)),  # schedule changes some)
-             "refiner": c.refiner, "target": args.target, "target_dtype": "float32", "greedy": True,
+             "refiner": c.refiner, "target": args.target, "target_dtype": "float32", "device": device.type, "greedy": True,
              "max_new_tokens": args.max_new_tokens, "limit": args.limit, "skip": args.skip,
              "jacobi_passes": c.jacobi_passes, "jacobi_early_stop": c.jacobi_early_stop,
              "num_assistant_tokens": c.num_assistant_tokens,

@@ -9,7 +9,9 @@ fp32 models: a Qwen3 target on the GPU and
 - `enable_fast_refine()` (torch.compile, CUDA graphs) over a generate call: exact, and how many graphs it compiled
   (one per block shape, not one per round).
 
-Prints one line per check and exits non-zero if any output differs from plain `generate`.
+Chain rounds get many drafts accepted (`plant`: their first drafts are made the target's own tokens); the tree
+checks run on the random drafter's own drafts (tau near 1: few accepted drafts cross devices). Prints one line per
+check and exits non-zero if any output differs from plain `generate`.
 
     python scripts/gpu_devices.py          # on the GPU machine
     python scripts/gpu_devices.py --cpu    # a smoke test of this script on the CPU (every device "cpu")
@@ -47,7 +49,7 @@ def build(device: str) -> tuple[Qwen3ForCausalLM, XPressDrafterModel]:
 
 def plant(continuation: torch.Tensor) -> None:
     """A random drafter accepts nothing: make each chain round's first drafts (a varying number) the target's own
-    `continuation` (prompt included), so that rounds accept many drafts and every device path carries tokens."""
+    `continuation` (prompt included), so that chain rounds accept many drafts (trees draft with propose_tree)."""
     from hf_xpress.generation import XPressCandidateGenerator
 
     get_candidates, propose, lengths = XPressCandidateGenerator.get_candidates, XPressDrafterModel.propose, []

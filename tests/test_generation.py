@@ -1335,3 +1335,20 @@ def test_drafting_runs_on_the_drafters_device(target, caplog):
         hf_logging.disable_propagation()
     assert "The drafter is on meta and the target's embeddings on cpu: drafting runs on meta" in caplog.text
     assert "drafter.to('cpu')" in caplog.text
+
+
+def test_the_lead_tokens_are_a_fresh_tensor_each_round(target, monkeypatch):
+    """The lead tokens were a view of the growing sequence, whose row stride changed every round: a compiled refiner
+    (enable_fast_refine, CUDA graphs) took each stride for a new input and compiled again (a copy with `.to` or
+    `.contiguous()` keeps the view's strides)."""
+    drafter = tiny_drafter(target, "xpress")
+    strides = []
+    propose = XPressDrafterModel.propose
+
+    def recording(self, hidden, base_logits, lead_tokens, *args, **kwargs):
+        strides.append(lead_tokens.stride())
+        return propose(self, hidden, base_logits, lead_tokens, *args, **kwargs)
+
+    monkeypatch.setattr(XPressDrafterModel, "propose", recording)
+    target.generate(torch.randint(0, 126, (1, 9)), assistant_model=drafter, max_new_tokens=12, do_sample=False)
+    assert len(strides) >= 3 and set(strides) == {(2, 1)}, strides

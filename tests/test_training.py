@@ -426,6 +426,10 @@ def test_a_launchers_other_mixed_precision_is_named(tmp_path, monkeypatch, capsy
     AcceleratorState._reset_state(True)
     T.Trainer(_cfg(data, tmp_path / "run16", mixed_precision="fp16"), target=target)
     assert "accelerate launch asks" not in capsys.readouterr().out
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")  # what a plain `accelerate launch` exports: asks nothing
+    AcceleratorState._reset_state(True)
+    T.Trainer(_cfg(data, tmp_path / "runbf16", mixed_precision="bf16"), target=target)
+    assert "accelerate launch asks" not in capsys.readouterr().out
 
 
 def test_training_reads_a_llama4_targets_decoder(tmp_path):
@@ -1857,6 +1861,13 @@ def test_tau_command_checks_its_arguments_before_loading_anything(tmp_path, monk
     with pytest.raises(ValueError, match="holds plain greedy outputs for .*'max_new_tokens': 128.* not .*256"):
         T.tau_main(parser.parse_args(["tau", "--reference", str(ref), "--max-new-tokens", "256", "--drafter", "d",
                                       "--out", str(tmp_path / "tau.json")]))
+    # a file from before the device was recorded is the CPU's: accepted (the run goes on to load the target)
+    with pytest.raises(AssertionError, match="a model was loaded"):
+        T.tau_main(parser.parse_args(["tau", "--reference", str(ref), "--drafter", "d", "--out", str(tmp_path / "t.json")]))
+    made = {"target": "smollm2-135m-instruct", "max_new_tokens": 128, "skip": 0, "device": "cuda"}
+    ref.write_text(json.dumps({"_settings": made, "humaneval": {}}))  # outputs of a GPU run: they may differ at ties
+    with pytest.raises(ValueError, match="holds plain greedy outputs for .*'device': 'cuda'.* not .*'device': 'cpu'"):
+        T.tau_main(parser.parse_args(["tau", "--reference", str(ref), "--drafter", "d", "--out", str(tmp_path / "t.json")]))
     out = ["--drafter", "d", "--out", str(tmp_path / "tau.json")]
     for flags, message in ((["--limit", "0"], "--limit must be at least 1"), (["--skip", "-3"], "--skip must be at "
                            "least 0"), (["--threads", "-1"], "--threads must be at least 0"),

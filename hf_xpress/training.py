@@ -843,7 +843,7 @@ def _damaged_checkpoint(where: Path, err: Exception) -> str:
 def target_fingerprint(target, signs: bool = True) -> str:
     """A short hash of a target's identity: its sizes and the signs of the first rows of its embedding and lm_head
     (thousands of them: another model of the same sizes differs), the same for a target loaded in any floating dtype
-    (but for a weight below float16's smallest subnormal, which float16 rounds to 0).
+    (but for a weight so small, under about 3e-8, that float16 rounds it to 0).
     `signs=False`: the values rounded to bfloat16 instead, as caches recorded before (`target_sha256`); a float16
     copy rounds some of them differently, so a float16 target was refused its own cache."""
     text = target.config.get_text_config()

@@ -148,8 +148,9 @@ class DraftCountPlanner:
     one round's start to the next's) at each n tried; T(0) is the plain step's own mean. The first rounds try `most`,
     1, 0 and `most` (the first one's time is dropped: warm-up). Plain steps are taken only where they beat the best
     count by `PLAIN_MARGIN` (they teach nothing about acceptance, and the rates are noisy), and while they do, a round
-    after `probe` plain steps in a row still drafts (the best n >= 1), so the figures keep up with the text. Nothing here looks at the drafts themselves, so
-    sampling stays exact: how many drafts a round submits depends on earlier rounds only.
+    after `probe` plain steps in a row still drafts (the best n >= 1), so the figures keep up with the text. Nothing
+    here looks at the drafts themselves, so sampling stays exact: how many drafts a round submits depends on earlier
+    rounds only.
 
     Where verifying more tokens costs little (a GPU), it settles on `most`; where every verified token costs (a CPU),
     on the few slots accepted often enough to pay for themselves, and where drafting does not pay at all (a drafter
@@ -340,12 +341,13 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
             # The user asked for every hidden state: keep them all (a layer subset would break `_split_model_outputs`).
             self.model_kwargs_overrides = {"output_hidden_states": True}
         self.config: XPressDrafterConfig = assistant_model.config
-        embed_device = target.get_input_embeddings().weight.device
-        if self.device != embed_device:
+        # where the target embeds token ids (prompt ids may sit elsewhere, on the CPU)
+        self.embed_device = self.main_model_input_embeddings.weight.device
+        if self.device != self.embed_device:
             logger.warning_once(
-                f"The drafter is on {self.device} and the target's embeddings on {embed_device}: drafting runs on "
+                f"The drafter is on {self.device} and the target's embeddings on {self.embed_device}: drafting runs on "
                 f"{self.device}, with the target's features copied there every round. For speed, move it: "
-                f"drafter.to({str(embed_device)!r}) (or load it with device_map={str(embed_device)!r})."
+                f"drafter.to({str(self.embed_device)!r}) (or load it with device_map={str(self.embed_device)!r})."
             )
         # The parent sizes the cache from the config: sliding-window layers would keep only the last keys. Ours keeps
         # the whole context in every layer (a few drafter layers: small), and the drafter's masks apply the window.
@@ -559,10 +561,9 @@ class XPressCandidateGenerator(DFlashTokenCandidateGenerator):
         features = self.pending[0] if len(self.pending) == 1 else torch.cat(self.pending, dim=1)
         num_new = features.shape[1]  # verified tokens before the anchor, not yet cached
         self.pending = []
-        embed_device = self.main_model_input_embeddings.weight.device  # the ids may be elsewhere (on the CPU)
         if self.mask_embeds is None:
-            self.mask_embeds = self._get_noise_embeds(self.noise_ids_mask.to(embed_device)).to(self.device)
-        anchor = self._get_noise_embeds(input_ids[:, -1:].to(embed_device)).to(self.device)
+            self.mask_embeds = self._get_noise_embeds(self.noise_ids_mask.to(self.embed_device)).to(self.device)
+        anchor = self._get_noise_embeds(input_ids[:, -1:].to(self.embed_device)).to(self.device)
         positions = torch.arange(
             self.context_length, self.context_length + num_new + self.block_size, device=self.device
         ).unsqueeze(0)
@@ -688,8 +689,8 @@ DRAFT_COPY_TENSOR_LIMIT = 4096  # a criterion's tensors of up to this many eleme
 def _draft_copy(criterion):
     """A shallow copy of a user's criterion whose attributes that are lists, dicts, sets or small tensors (where a
     criterion keeps its state: a shallow copy alone shares them) are copied too, one level deep; everything else it
-    holds (tokenizers, models, tables, the contents of those containers) is shared, so a copy costs microseconds
-    every round (a deep copy of one holding a tokenizer took 0.2 s). An object that refuses copying is checked as it
+    holds (tokenizers, models, tables, the contents of those containers) is shared, so a copy stays cheap every
+    round (a deep copy also copied any tokenizer or weight it held). An object that refuses copying is checked as it
     is (documented: no state, then)."""
     try:
         clone = copy.copy(criterion)

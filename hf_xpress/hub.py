@@ -41,17 +41,19 @@ def _template() -> str:
     return resources.files("hf_xpress").joinpath("model_card_template.md").read_text()
 
 
+def _is_number(value) -> bool:
+    """A tau the card's table can format: an int or float, numpy's too (they are Real), or a 0-d tensor; not a bool."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and value.dtype != torch.bool
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
 def check_results(results, what: str = "results") -> None:
     """Raise a `ValueError` naming `what` unless `results` is None, a text or `{set: {method: tau}}` numbers (what the
     model card's table reads)."""
     if results is None or isinstance(results, str):
         return
-    def number(value) -> bool:  # numpy's numbers are Real; a 0-d tensor formats as one too
-        if isinstance(value, torch.Tensor):
-            return value.dim() == 0 and value.dtype != torch.bool
-        return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-
-    if not (isinstance(results, dict) and all(isinstance(row, dict) and all(number(v) for v in row.values())
+    if not (isinstance(results, dict) and all(isinstance(row, dict) and all(_is_number(v) for v in row.values())
                                               for row in results.values())):
         raise ValueError(f"{what}: expected {{set: {{method: tau}}}} numbers (or a text), as the model card's table "
                          f"reads them; got {str(results)[:80]}")

@@ -17,9 +17,9 @@ Read top to bottom:
 3. **Packed blocks**: random anchors per sequence, every block of a sequence in one drafter forward, with a boolean
    mask letting block i see context positions `< anchor_i` and its own B slots only.
 4. **Trainer** (`hf-xpress train`, or `accelerate launch -m hf_xpress.training ...`): AdamW, cosine schedule with
-   warm-up, gradient accumulation and clipping, optional bf16 or fp16 (loss-scaled) autocast, NaN/inf guard, checkpoints (model,
-   optimizer, scheduler, RNG, data position) every N steps and on SIGTERM, resume, held-out loss / per-slot acceptance
-   / estimated tau, and `--lora` to attach a refiner to an existing dFlash drafter through peft.
+   warm-up, gradient accumulation and clipping, optional bf16 or fp16 (loss-scaled) autocast, NaN/inf guard,
+   checkpoints (model, optimizer, scheduler, RNG, data position) every N steps and on SIGTERM, resume, held-out loss /
+   per-slot acceptance / estimated tau, and `--lora` to attach a refiner to an existing dFlash drafter through peft.
 5. **tau** (`python -m hf_xpress.training tau`): real `target.generate(..., assistant_model=drafter)`, greedy, checked
    token for token against plain greedy `generate`.
 6. **ship** (`python -m hf_xpress.training ship`): copy a run's checkpoint into a drafter folder and write its model
@@ -877,18 +877,19 @@ class FeatureCache:
         self.layer_ids = list(layer_ids)
         self.width = width
         meta = self.folder / "meta.json"
+        # both kinds: the bfloat16-rounded one is what earlier releases record and compare
+        prints = {} if target is None else {"target_signs": target_fingerprint(target),
+                                            "target_sha256": target_fingerprint(target, False)}
         if mode == "w" and not meta.exists():
             self.folder.mkdir(parents=True, exist_ok=True)
             np.lib.format.open_memmap(self.folder / "features.npy", mode="w+", dtype=np.uint16, shape=(num_tokens, width))
             fresh = {"num_tokens": num_tokens, "width": width, "layer_ids": self.layer_ids, "num_done": 0}
             if data is not None:
                 fresh["data_sha256"] = data_prefix_hash(data, num_tokens)
-            if target is not None:  # both: the bfloat16-rounded one is what earlier releases compare
-                fresh |= {"target_signs": target_fingerprint(target), "target_sha256": target_fingerprint(target, False)}
-            _write_atomic(meta, json.dumps(fresh))
+            _write_atomic(meta, json.dumps(fresh | prints))
         info = json.loads(meta.read_text())
         key = "target_signs" if "target_signs" in info else "target_sha256"  # a cache from before: its own kind
-        if target is not None and info.get(key) not in (None, target_fingerprint(target, key == "target_signs")):
+        if prints and info.get(key) not in (None, prints[key]):
             raise ValueError(f"feature cache {self.folder} holds another target's features (its weights differ from "
                              "this --target's): give this target's own --feature-cache folder, or a new one")
         recorded = info.get("data_sha256")
@@ -2940,8 +2941,9 @@ def earlier_runs(init_drafter: str | None) -> list[dict]:
     if history is None or not history.exists():
         return []
     prev = json.loads(history.read_text())
-    run = {key: prev["state"][key] for key in ("step", "tokens", "train_seconds")} | {"skipped": prev["state"].get("skipped", 0)}
-    run.update(folder=str(init_drafter), init_drafter=prev["config"].get("init_drafter"), lr=prev["config"]["lr"])
+    run = {key: prev["state"][key] for key in ("step", "tokens", "train_seconds")}
+    run.update(skipped=prev["state"].get("skipped", 0), folder=str(init_drafter),
+               init_drafter=prev["config"].get("init_drafter"), lr=prev["config"]["lr"])
     return prev.get("earlier_runs", []) + [run]
 
 

@@ -346,7 +346,7 @@ def _tree_loop(model, input_ids, logits_processor, stopping_criteria, generation
     stats, clock, overrides = generator.stats, generator._clock, generator.model_kwargs_overrides
     max_length = generation_config.max_length
     given = input_ids.device  # the ids may be on the CPU for a target on a GPU, as generate() takes them
-    input_ids = input_ids.to(model.get_input_embeddings().weight.device)
+    input_ids = input_ids.to(generator.embed_device)
     outputs = model(input_ids, cache=cache, use_cache=True, logits_to_keep=1, **overrides)
     _check_cache(cache)
     logits = outputs.logits[:, -1].float()
